@@ -1,0 +1,236 @@
+"""The `[workload]` TOML table: where requests come from and how the trace is shaped.
+
+```toml
+[workload]
+trace = "../../shared/data/azure_llm_2023_code.csv"   # relative paths: from this TOML file's folder
+format = "azure"            # azure | burstgpt | mooncake | servegen (detected when left out) | synthetic
+start_s = 1800              # keep arrivals in [start_s, start_s + duration_s) ...
+duration_s = 120            # ... and re-time them to start at 0
+time_scale = 1.5            # multiply arrival times (1.5 = two thirds of the rate)
+rate_scale = 1.0            # multiply the request rate
+max_requests = 200          # then keep the first N
+max_prompt_tokens = 256     # then clip lengths
+max_output_tokens = 64
+prompts = ["my_prompts.jsonl", { path = "more.txt", domain = "code" }]  # default: bundled code/chat/math
+seed = 0
+```
+
+A synthetic workload names a generator instead of a trace (see `autospec.workloads.synthetic`):
+`format = "synthetic"`, `generator = "poisson" | "gamma" | "diurnal" | "onoff"`, `rate`, `duration_s`
+and optionally `cv`, `amplitude`, `period_s`, `on_s`, `off_s`, `off_rate`, `mean_prompt_tokens`,
+`mean_output_tokens`, `length_sigma`, `domains = { code = 1, chat = 2 }`. For a synthetic workload
+`start_s` skips into the generated process (useful for the phase of a diurnal one).
+
+The steps run in the order the keys are listed above; `prompts = []` leaves the requests without text
+(enough for the simulator). Unknown keys and bad values raise InputError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, \
+    field_validator, model_validator
+
+from autospec.errors import InputError
+from autospec.workloads._io import read_text
+from autospec.workloads.loaders import TRACE_FORMATS, load_trace
+from autospec.workloads.prompts import Prompt, bundled_prompt_sets, load_prompts
+from autospec.workloads.synthetic import GENERATORS, MAX_REQUESTS, synthesize
+from autospec.workloads.trace import Trace
+
+SYNTHETIC_KEYS = ("generator", "rate", "cv", "amplitude", "period_s", "on_s", "off_s", "off_rate",
+                  "mean_prompt_tokens", "mean_output_tokens", "length_sigma", "domains")
+
+
+class PromptSource(BaseModel):
+    """A prompt file, optionally relabelled to one domain and cut to its first `limit` prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    domain: str | None = Field(default=None, min_length=1)
+    limit: PositiveInt | None = None
+
+
+class WorkloadSpec(BaseModel):
+    """The `[workload]` table (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str | None = None
+    trace: str | None = None
+    format: Literal["azure", "burstgpt", "mooncake", "servegen", "synthetic"] | None = None
+    domain: str | None = Field(default=None, min_length=1)  # label for a trace's requests
+
+    generator: Literal["poisson", "gamma", "diurnal", "onoff"] | None = None
+    rate: PositiveFloat | None = None
+    cv: NonNegativeFloat = 1.0
+    amplitude: float = Field(default=0.5, ge=0, le=1)
+    period_s: PositiveFloat = 86_400.0
+    on_s: PositiveFloat = 5.0
+    off_s: PositiveFloat = 15.0
+    off_rate: NonNegativeFloat = 0.0
+    mean_prompt_tokens: float = Field(default=256.0, ge=1)
+    mean_output_tokens: float = Field(default=128.0, ge=1)
+    length_sigma: NonNegativeFloat = 0.8
+    domains: dict[str, NonNegativeFloat] | None = None
+
+    start_s: NonNegativeFloat = 0.0
+    duration_s: PositiveFloat | None = None
+    time_scale: PositiveFloat = 1.0
+    rate_scale: PositiveFloat = 1.0
+    max_requests: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt | None = None
+    max_output_tokens: PositiveInt | None = None
+    prompts: list[PromptSource] | None = None  # a path, or a list of paths and {path, domain, limit} tables
+    seed: int = 0
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _prompt_paths_to_sources(cls, value):
+        # One model for every spelling, so a bad entry is reported as prompts.<i>.<key>, not as a union mismatch.
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            return [{"path": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _source_is_consistent(self) -> "WorkloadSpec":
+        synthetic = self.format == "synthetic" or (self.format is None and self.trace is None)
+        if synthetic:
+            if self.trace is not None:
+                raise _FieldProblem("trace", "a synthetic workload takes no trace file")
+            if self.domain is not None:
+                raise _FieldProblem("domain", "a synthetic workload mixes domains with 'domains = { code = 1, ... }'")
+            for key in ("generator", "rate", "duration_s"):
+                if getattr(self, key) is None:
+                    raise _FieldProblem(key, f"a synthetic workload needs '{key}' "
+                                        f"(generators: {', '.join(GENERATORS)}), or give a trace file")
+            if self.rate * (self.start_s + self.duration_s) > MAX_REQUESTS:
+                raise _FieldProblem("rate", f"rate x (start_s + duration_s) asks for more than "
+                                            f"{MAX_REQUESTS:,} requests")
+            if self.off_rate > self.rate:
+                raise _FieldProblem("off_rate", "off_rate cannot exceed rate (rate is the mean over on and off)")
+            if self.domains is not None and not any(w > 0 for w in self.domains.values()):
+                raise _FieldProblem("domains", "at least one domain needs a weight > 0")
+            self.format = "synthetic"
+        else:
+            if self.trace is None:
+                raise _FieldProblem("trace", f"format '{self.format}' needs a trace file")
+            for key in SYNTHETIC_KEYS:
+                if key in self.model_fields_set:
+                    raise _FieldProblem(key, f"'{key}' only applies to format = \"synthetic\"")
+        return self
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.format == "synthetic"
+
+    def build(self, base_dir: str | Path = ".") -> Trace:
+        """The trace this spec describes; relative paths are taken from `base_dir`."""
+        base_dir = Path(base_dir)
+        end_s = math.inf if self.duration_s is None else self.start_s + self.duration_s
+        if self.is_synthetic:
+            trace = synthesize(self.generator, rate=self.rate, duration_s=end_s, seed=self.seed, cv=self.cv,
+                               amplitude=self.amplitude, period_s=self.period_s, on_s=self.on_s, off_s=self.off_s,
+                               off_rate=self.off_rate, mean_prompt_tokens=self.mean_prompt_tokens,
+                               mean_output_tokens=self.mean_output_tokens, length_sigma=self.length_sigma,
+                               domains=self.domains, name=self.name or "")
+        else:
+            trace = load_trace(_resolve(base_dir, self.trace), self.format, domain=self.domain, seed=self.seed,
+                               span=(self.start_s, end_s))
+        if self.start_s > 0 or self.duration_s is not None:
+            trace = trace.window(self.start_s, self.duration_s)
+        if len(trace) == 0:
+            raise InputError(f"no requests arrive in [{self.start_s:g}, {end_s:g}) s", field="start_s")
+        trace = trace.time_scale(self.time_scale).rate_scale(self.rate_scale)
+        if self.max_requests is not None:
+            trace = trace.cap(self.max_requests)
+        trace = trace.clip_lengths(self.max_prompt_tokens, self.max_output_tokens)
+        prompt_sets = self.prompt_sets(base_dir)
+        if prompt_sets:
+            trace = trace.assign_prompts(prompt_sets, seed=self.seed)
+        if self.name:
+            trace.name = self.name
+        return trace
+
+    def prompt_sets(self, base_dir: str | Path = ".") -> dict[str, list[Prompt]]:
+        """Domain → prompts: the bundled sets by default, else the named files grouped by domain."""
+        if self.prompts is None:
+            return bundled_prompt_sets()
+        sets: dict[str, list[Prompt]] = {}
+        for source in self.prompts:
+            for prompt in load_prompts(_resolve(Path(base_dir), source.path), source.domain, source.limit):
+                sets.setdefault(prompt.domain, []).append(prompt)
+        return sets
+
+
+class _FieldProblem(ValueError):
+    """A cross-field problem, carrying the field to name (pydantic would blame the whole table)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(problem)
+        self.field = field
+
+
+def read_workload_spec(path: str | Path) -> WorkloadSpec:
+    """The `[workload]` table of a TOML file (other tables, e.g. a run config's, are left alone)."""
+    path = Path(path)
+    text = read_text(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise InputError(f"invalid TOML ({exc})", path=path, line=int(match.group(1)) if match else None) from None
+    if "workload" not in data or not isinstance(data["workload"], dict):
+        raise InputError("no [workload] table", path=path)
+    return workload_spec_from_dict(data["workload"], path)
+
+
+def workload_spec_from_dict(data: dict, source: str | Path | None = None) -> WorkloadSpec:
+    """Validate a `[workload]` table already parsed (e.g. from a run config); errors name `source`."""
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _input_error(exc, source) from None
+
+
+def load_workload(path: str | Path) -> Trace:
+    """Read a workload TOML and build its trace (relative paths resolved against the TOML's folder)."""
+    path = Path(path)
+    spec = read_workload_spec(path)
+    try:
+        return spec.build(path.parent)
+    except InputError as exc:
+        if exc.path is None:  # a spec-level problem (empty window, ...): say which spec file
+            raise InputError(exc.problem, path=path, field=exc.field and f"workload.{exc.field}") from None
+        raise
+
+
+def _resolve(base_dir: Path, name: str) -> Path:
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def _input_error(exc: ValidationError, source: str | Path | None) -> InputError:
+    """The first pydantic error as a one-line InputError naming `workload.<field>`."""
+    errors = exc.errors()
+    first = errors[0]
+    context = first.get("ctx") or {}
+    problem_exc = context.get("error")
+    if isinstance(problem_exc, _FieldProblem):
+        field, problem = problem_exc.field, str(problem_exc)
+    else:
+        field = ".".join(str(part) for part in first["loc"])
+        problem = first["msg"]
+        if first["type"] == "extra_forbidden":
+            problem = "unknown key"
+        elif first["type"] == "literal_error" and field == "format":
+            problem = f"unknown format; expected one of {', '.join(TRACE_FORMATS + ('synthetic',))}"
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return InputError(problem + more, path=source, field=f"workload.{field}" if field else "workload")

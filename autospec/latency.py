@@ -1,0 +1,219 @@
+"""Latency models that model-based policies consult, and the least-squares fits that produce them.
+
+Two families, both from the papers the policies come from (docs: POLICIES.md §2 and §4):
+
+* AdaSpec's linear forward-pass model T_fwd(N_c, N_b) = α·N_c + γ·N_b + δ, one coefficient set per
+  model (draft, target). `LinearLatencyModel` implements the contract's `LatencyModel` protocol.
+* FASER's piecewise models in the SM split (Eq. 11–14): T = (a_k − γ_k·x)·load(b, s), with a knee R
+  on x splitting two segments. x is the model's own SM share (r for draft and pruning, 1 − r for the
+  target and the early-exit check).
+
+Convention for `context_tokens` (the contract's LatencyModel): the total context tokens of the batch,
+summed over requests (AdaSpec's N_c).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from autospec.contract import LatencyModel
+
+# --- AdaSpec linear model ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearCoeffs:
+    """T_fwd(N_c, N_b) = alpha·N_c + gamma·N_b + delta, seconds (AdaSpec §4, time model)."""
+
+    alpha: float  # seconds per context token attended
+    gamma: float  # seconds per token processed in the pass
+    delta: float  # fixed cost of one forward pass
+
+    def forward(self, n_context: float, n_batch: float) -> float:
+        return self.alpha * n_context + self.gamma * n_batch + self.delta
+
+
+@dataclass(frozen=True)
+class LinearLatencyModel:
+    """AdaSpec's time model for a draft/target pair; implements contract.LatencyModel."""
+
+    draft: LinearCoeffs
+    target: LinearCoeffs
+
+    def draft_time(self, batch: int, context_tokens: float, steps: int) -> float:
+        # `steps` sequential draft passes of one token per request; each pass attends to the context
+        # plus the draft tokens already appended (b more per pass).
+        if steps <= 0 or batch <= 0:
+            return 0.0
+        d = self.draft
+        per_pass = d.alpha * context_tokens + d.gamma * batch + d.delta
+        return steps * per_pass + d.alpha * batch * steps * (steps - 1) / 2.0
+
+    def verify_time(self, batch: int, context_tokens: float, tokens_per_request: float) -> float:
+        if batch <= 0:
+            return 0.0
+        return self.target.forward(context_tokens, batch * tokens_per_request)
+
+    def sd_time(self, ks: Sequence[int], context_tokens: float, draft_steps: int | None = None) -> float:
+        return sd_step_time(self, ks, context_tokens, draft_steps)
+
+    def to_dict(self) -> dict:
+        return {"kind": "linear", "draft": asdict(self.draft), "target": asdict(self.target)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LinearLatencyModel":
+        return cls(LinearCoeffs(**data["draft"]), LinearCoeffs(**data["target"]))
+
+
+def sd_step_time(model: LatencyModel, ks: Sequence[int], context_tokens: float,
+                 draft_steps: int | None = None) -> float:
+    """T_sd for one SD step: `draft_steps` draft passes (default max(ks)) plus one target pass that
+    verifies k_i + 1 positions of request i (AdaSpec Alg. 3's denominator). Works for any
+    LatencyModel; the verify cost takes the mean tokens per request, exact for linear models."""
+    b = len(ks)
+    if b == 0:
+        return 0.0
+    steps = max(ks) if draft_steps is None else draft_steps
+    mean_tokens = sum(k + 1 for k in ks) / b
+    return model.draft_time(b, context_tokens, steps) + model.verify_time(b, context_tokens, mean_tokens)
+
+
+def fit_linear(rows: np.ndarray | Sequence[Sequence[float]]) -> LinearCoeffs:
+    """Least-squares (alpha, gamma, delta) from profile rows [N_c, N_b, seconds] (AdaSpec §4)."""
+    data = np.asarray(rows, dtype=float)
+    if data.ndim != 2 or data.shape[1] != 3 or data.shape[0] < 3:
+        raise ValueError("fit_linear needs an (n >= 3, 3) array of [N_c, N_b, seconds]")
+    design = np.column_stack([data[:, 0], data[:, 1], np.ones(len(data))])
+    coef, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
+    return LinearCoeffs(float(coef[0]), float(coef[1]), float(coef[2]))
+
+
+def mape(predicted: np.ndarray | Sequence[float], actual: np.ndarray | Sequence[float]) -> float:
+    """Mean absolute percentage error, as a fraction (0.07 = 7%)."""
+    p, a = np.asarray(predicted, float), np.asarray(actual, float)
+    return float(np.mean(np.abs(p - a) / np.abs(a)))
+
+
+# --- FASER piecewise models (§4, Eq. 11–14) ------------------------------------------------------
+
+FaserKind = Literal["draft", "target", "early_exit", "prune"]
+
+# For each model: whether x is r or 1 − r, and the load term's features (coefficients are fitted).
+#   draft T_q:  x = r,     load α_q·b + β_q·s + c_q
+#   target T_p: x = 1 − r, load (α_p·b + λ_p)·s + c_p = α_p·b·s + λ_p·s + c_p
+#   T_ee:       x = 1 − r, load α_ee·b·s + β_ee
+#   T_pr:       x = r,     load α_pr·b·s + β_pr
+_X_IS_COMPLEMENT = {"draft": False, "target": True, "early_exit": True, "prune": False}
+
+
+def faser_features(kind: FaserKind, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    b, s = np.asarray(b, float), np.asarray(s, float)
+    one = np.ones_like(b * s)
+    if kind == "draft":
+        return np.column_stack([b * one, s * one, one])
+    if kind == "target":
+        return np.column_stack([b * s, s * one, one])
+    if kind in ("early_exit", "prune"):
+        return np.column_stack([b * s, one])
+    raise ValueError(f"unknown FASER latency kind {kind!r}")
+
+
+def faser_x(kind: FaserKind, r: np.ndarray | float) -> np.ndarray:
+    r = np.asarray(r, float)
+    return 1.0 - r if _X_IS_COMPLEMENT[kind] else r
+
+
+@dataclass(frozen=True)
+class PiecewiseLatency:
+    """T(b, s, r) = (a_k − γ_k·x)·load(b, s), segment k = 1 for x < knee, 2 for x >= knee.
+
+    a_1 is fixed at 1: the product is invariant to scaling (a, γ) up and the load down, so one
+    coefficient must be pinned for the fit to be identifiable. knee = None: a single segment."""
+
+    kind: FaserKind
+    load: tuple[float, ...]
+    seg1: tuple[float, float]  # (a_1, γ_1)
+    seg2: tuple[float, float]  # (a_2, γ_2)
+    knee: float | None = None
+
+    def __call__(self, b: np.ndarray | float, s: np.ndarray | float, r: np.ndarray | float) -> np.ndarray:
+        return faser_eval(self, b, s, r)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "load": list(self.load), "seg1": list(self.seg1),
+                "seg2": list(self.seg2), "knee": self.knee}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PiecewiseLatency":
+        return cls(data["kind"], tuple(data["load"]), tuple(data["seg1"]), tuple(data["seg2"]),
+                   data.get("knee"))
+
+
+def faser_eval(model: PiecewiseLatency, b: np.ndarray | float, s: np.ndarray | float,
+               r: np.ndarray | float) -> np.ndarray:
+    """Evaluate a FASER piecewise model (Eq. 11–14); scalars in, 0-d array out."""
+    b_arr, s_arr, r_arr = np.broadcast_arrays(np.asarray(b, float), np.asarray(s, float),
+                                              np.asarray(r, float))
+    x = faser_x(model.kind, r_arr)
+    load = faser_features(model.kind, b_arr.ravel(), s_arr.ravel()) @ np.asarray(model.load)
+    second = np.zeros_like(x.ravel(), dtype=bool) if model.knee is None else x.ravel() >= model.knee
+    a = np.where(second, model.seg2[0], model.seg1[0])
+    g = np.where(second, model.seg2[1], model.seg1[1])
+    return ((a - g * x.ravel()) * load).reshape(x.shape)
+
+
+def fit_piecewise(kind: FaserKind, b: Sequence[float], s: Sequence[float], r: Sequence[float],
+                  seconds: Sequence[float]) -> tuple[PiecewiseLatency, float]:
+    """Fit a FASER model: grid-search the knee over the profiled x values, least squares (scipy) on
+    relative residuals for each knee, keep the best. Returns (model, in-sample MAPE).
+
+    With a single profiled r the SM term is a constant absorbed by the load, so the fit is one
+    linear segment (γ = 0, knee None)."""
+    from scipy.optimize import least_squares  # lazy: only `autospec fit` needs scipy.optimize
+
+    b_a, s_a, r_a, t = (np.asarray(v, float) for v in (b, s, r, seconds))
+    feats = faser_features(kind, b_a, s_a)
+    x = faser_x(kind, r_a)
+    load0, *_ = np.linalg.lstsq(feats / t[:, None], np.ones_like(t), rcond=None)
+    xs = np.unique(x)
+    if len(xs) == 1:
+        model = PiecewiseLatency(kind, tuple(map(float, load0)), (1.0, 0.0), (1.0, 0.0), None)
+        return model, mape(faser_eval(model, b_a, s_a, r_a), t)
+
+    n_load = feats.shape[1]
+    best: tuple[float, PiecewiseLatency] | None = None
+    # Each knee must leave points on both sides; the lowest x can never be a knee.
+    for knee in xs[1:]:
+        second = x >= knee
+
+        def residuals(theta: np.ndarray) -> np.ndarray:
+            load = feats @ theta[:n_load]
+            a = np.where(second, theta[n_load + 1], 1.0)
+            g = np.where(second, theta[n_load + 2], theta[n_load])
+            return (a - g * x) * load / t - 1.0
+
+        theta0 = np.concatenate([load0, [0.0, 1.0, 0.0]])
+        sol = least_squares(residuals, theta0, method="trf")
+        th = sol.x
+        model = PiecewiseLatency(kind, tuple(map(float, th[:n_load])), (1.0, float(th[n_load])),
+                                 (float(th[n_load + 1]), float(th[n_load + 2])), float(knee))
+        cost = float(np.sum(sol.fun ** 2))
+        if best is None or cost < best[0] - 1e-15:
+            best = (cost, model)
+    assert best is not None
+    return best[1], mape(faser_eval(best[1], b_a, s_a, r_a), t)
+
+
+def faser_chunk_size(s: int, b: int, r: float, t_draft: PiecewiseLatency, t_target: PiecewiseLatency,
+                     t_hat: float) -> int | None:
+    """Frontier overlap (FASER §4.3): the largest chunk s_c in 1..s with
+    T_q(s_c; b, r) + (s/s_c)·T_p(s_c; b, 1 − r) < T̂(s; b, r); None when no chunk beats sequential."""
+    for s_c in range(s, 0, -1):
+        overlapped = float(t_draft(b, s_c, r)) + (s / s_c) * float(t_target(b, s_c, r))
+        if overlapped < t_hat:
+            return s_c
+    return None
+

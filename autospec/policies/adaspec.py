@@ -1,0 +1,155 @@
+"""AdaSpec (Huang et al., SoCC'25): goodput-driven drafter and confidence-prior verifier (POLICIES.md §2).
+
+* `goodput` — Alg. 3: G(k) = Σ_i Σ_{j=0..k_i} AR_ij / T_sd(k), AR_i0 = 1, AR_ij = Π_{l<=j} c_il;
+  G = −1 when an SLO TPOT is set and T_sd > TPOT.
+* `AdaSpecDrafter` ("adaspec" length policy) — Alg. 1, predict-execute-correct, batch-level: every
+  request drafts the same k. "AdaSpec-" is this drafter with the `all` verifier.
+* `AdaSpecVerifier` ("adaspec" verify policy) — Alg. 2: drop the tail token with the smallest AR_ij
+  while that raises G.
+
+Both need the fitted AdaSpec linear time model (autospec.latency) in StepContext.latency_model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from pydantic import Field
+
+from autospec.contract import DraftState, LatencyModel, StepContext
+from autospec.latency import sd_step_time
+from autospec.policies.base import (LengthPolicyBase, PolicyParams, VerifyPolicyBase, batch_context_tokens,
+                                    register_length, register_verify, require_latency_model)
+
+
+def cumulative_acceptance(confidences: Sequence[float]) -> list[float]:
+    """AR_i1..AR_ik: the running product of a request's draft confidences."""
+    out, prod = [], 1.0
+    for c in confidences:
+        prod *= c
+        out.append(prod)
+    return out
+
+
+def goodput(ar_rows: Sequence[Sequence[float]], ks: Sequence[int], step_time_s: float,
+            slo_tpot_s: float | None = None) -> float:
+    """AdaSpec Alg. 3: expected committed tokens per second if request i verifies ks[i] tokens.
+
+    ar_rows[i] holds AR_i1.. (at least ks[i] values); AR_i0 = 1 is the token the target always adds.
+    """
+    if slo_tpot_s is not None and step_time_s > slo_tpot_s:
+        return -1.0
+    expected = sum(1.0 + sum(ar[:k]) for ar, k in zip(ar_rows, ks))
+    return expected / step_time_s
+
+
+class AdaSpecDrafterParams(PolicyParams):
+    # [chosen, from the authors' code] c̄ before any confidence has been observed.
+    initial_confidence: float = Field(0.6, gt=0.0, lt=1.0)
+
+
+@register_length("adaspec")
+class AdaSpecDrafter(LengthPolicyBase):
+    """AdaSpec Alg. 1 (predict-execute-correct), asked one token at a time by the loop:
+
+    g = G(0); for k = 1..K_max: predict G(k) with next confidence c̄ (stop if < g); draft one token
+    for every request; correct with the real confidences (stop if G(k) < g, keeping the tokens
+    [chosen]); g = G(k). c̄ is the running mean of every observed draft confidence.
+    """
+
+    Params = AdaSpecDrafterParams
+    params: AdaSpecDrafterParams
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        self._conf_sum = 0.0
+        self._conf_n = 0
+        self._g = 0.0
+        self._k = 0
+        self._stopped = False
+
+    @property
+    def mean_confidence(self) -> float:
+        return self._conf_sum / self._conf_n if self._conf_n else self.params.initial_confidence
+
+    def _goodput(self, ctx: StepContext, model: LatencyModel, confs: Sequence[Sequence[float]]) -> float:
+        ks = [len(c) for c in confs]
+        t = sd_step_time(model, ks, batch_context_tokens(ctx))
+        return goodput([cumulative_acceptance(c) for c in confs], ks, t, ctx.slo_tpot_s)
+
+    def begin_step(self, ctx: StepContext) -> None:
+        model = require_latency_model(ctx, "adaspec")
+        self._k = 0
+        self._stopped = ctx.batch_size == 0
+        self._g = self._goodput(ctx, model, [[] for _ in ctx.requests])
+
+    def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
+        n = len(drafts.req_ids)
+        if self._stopped:
+            return [False] * n
+        model = require_latency_model(ctx, "adaspec")
+        k = max(drafts.lengths(), default=0)
+        if k > self._k:
+            # correct: the tokens just drafted replace the prediction with real confidences
+            for confs in drafts.confidences:
+                new = confs[self._k:k]
+                self._conf_sum += sum(new)
+                self._conf_n += len(new)
+            self._k = k
+            g_real = self._goodput(ctx, model, drafts.confidences)
+            if g_real < self._g:
+                return self._stop(n)
+            self._g = g_real
+        if k + 1 > ctx.k_max:
+            return self._stop(n)
+        # predict: would one more token, at the mean confidence, raise goodput?
+        c_bar = self.mean_confidence
+        g_pred = self._goodput(ctx, model, [list(c) + [c_bar] for c in drafts.confidences])
+        if g_pred < self._g:
+            return self._stop(n)
+        return [True] * n
+
+    def _stop(self, n: int) -> list[bool]:
+        self._stopped = True
+        return [False] * n
+
+
+class AdaSpecVerifierParams(PolicyParams):
+    pass
+
+
+@register_verify("adaspec")
+class AdaSpecVerifier(VerifyPolicyBase):
+    """AdaSpec Alg. 2 (confidence-prior verifier): repeatedly remove, among all requests' tail tokens,
+    the one with the smallest cumulative acceptance AR_ij while removing it raises G; removing only
+    tails keeps every request's verified tokens a contiguous prefix. The draft passes already ran,
+    so T_sd keeps their cost and only the verify pass shrinks."""
+
+    Params = AdaSpecVerifierParams
+    params: AdaSpecVerifierParams
+
+    def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
+        model = require_latency_model(ctx, "adaspec verifier")
+        ks = drafts.lengths()
+        if not ks:
+            return []
+        ars = [cumulative_acceptance(c) for c in drafts.confidences]
+        n_c = batch_context_tokens(ctx)
+        steps = max(ks)
+
+        def g_of(lengths: list[int]) -> float:
+            return goodput(ars, lengths, sd_step_time(model, lengths, n_c, steps), ctx.slo_tpot_s)
+
+        g = g_of(ks)
+        while True:
+            tails = [(ars[i][k - 1], i) for i, k in enumerate(ks) if k > 0]
+            if not tails:
+                break
+            _, i = min(tails)
+            trial = list(ks)
+            trial[i] -= 1
+            g_trial = g_of(trial)
+            if g_trial <= g:
+                break
+            ks, g = trial, g_trial
+        return ks

@@ -1,0 +1,244 @@
+"""Policy protocols, the schedule decision type, parameter models and the policy registries.
+
+A strategy is a length policy, a verify policy and a schedule policy (DESIGN.md, "The contract between
+engines, loop and policies"). Each is a small class chosen by name from a registry and configured from
+TOML through its `Params` pydantic model, so a preset file, a CLI flag and an Optuna trial are validated
+the same way. Policies see read-only snapshots (autospec/contract.py) and return numbers; they never
+import engines.
+
+How the serving loop drives one step (the order every policy may rely on):
+
+    pick = schedule.pick(now, waiting, running, slots)       # who runs
+    length.begin_step(ctx)
+    drafts = DraftState.empty(ctx.req_ids)
+    while True:                                               # every policy answers False past K_max
+        more = length.keep_drafting(ctx, drafts)              # one more token per request?
+        if not any(more): break
+        engine.draft([r for r, m in zip(drafts.req_ids, more) if m])   # appends to drafts
+    n_verify = verify.select(ctx, drafts)                     # <= drafted, per request
+    outcome = engine.verify(...)
+    length.observe(ctx, outcome); verify.observe(ctx, outcome); schedule.observe(outcome)
+
+Once `keep_drafting` answers False for a request it keeps answering False for the rest of the step.
+Asking once more after the K_max-th token matters: AdaSpec's drafter learns the last token's
+confidence in that call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autospec.contract import DraftState, LatencyModel, RequestView, StepContext, StepOutcome
+from autospec.errors import InputError
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's parameter model: strict types, unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+@runtime_checkable
+class LengthPolicy(Protocol):
+    """How many tokens each request drafts this step, asked one token at a time."""
+
+    def begin_step(self, ctx: StepContext) -> None: ...
+
+    def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]: ...
+
+    def observe(self, ctx: StepContext, outcome: StepOutcome) -> None: ...
+
+
+@runtime_checkable
+class VerifyPolicy(Protocol):
+    """How many of each request's drafted tokens go to the target (a prefix, <= drafted)."""
+
+    def select(self, ctx: StepContext, drafts: DraftState) -> list[int]: ...
+
+    def observe(self, ctx: StepContext, outcome: StepOutcome) -> None: ...
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A schedule decision. `run` lists the requests that run this step (at most `slots`), in
+    priority order; `admit` are those of them that were waiting; `preempt` are running requests
+    that must give their slot up (the loop swaps their KV out and charges the switch cost)."""
+
+    run: tuple[int, ...]
+    admit: tuple[int, ...] = ()
+    preempt: tuple[int, ...] = ()
+
+    @classmethod
+    def from_order(cls, order: Sequence[int], waiting: Sequence[RequestView],
+                   running: Sequence[RequestView], slots: int,
+                   pinned: Sequence[int] = ()) -> "Pick":
+        """Run the `pinned` running requests, then fill the remaining slots in `order`.
+
+        Running requests that are neither pinned nor chosen are preempted; this is the one place
+        every schedule policy turns a priority order into admissions and preemptions.
+        """
+        running_ids = {r.req_id for r in running}
+        waiting_ids = {r.req_id for r in waiting}
+        chosen: list[int] = []
+        for rid in list(pinned) + [r for r in order if r not in pinned]:
+            if len(chosen) >= slots:
+                break
+            if (rid in running_ids or rid in waiting_ids) and rid not in chosen:
+                chosen.append(rid)
+        chosen_set = set(chosen)
+        return cls(
+            run=tuple(chosen),
+            admit=tuple(r for r in chosen if r in waiting_ids),
+            preempt=tuple(r.req_id for r in running if r.req_id not in chosen_set),
+        )
+
+
+@runtime_checkable
+class SchedulePolicy(Protocol):
+    """Which requests run this step. `slots` is the batch capacity (max requests per step)."""
+
+    def pick(self, now: float, waiting: Sequence[RequestView], running: Sequence[RequestView],
+             slots: int) -> Pick: ...
+
+    def observe(self, outcome: StepOutcome) -> None: ...
+
+
+class Policy:
+    """Common base: validated params in `self.params`; no-op hooks a policy may override."""
+
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
+    name: ClassVar[str] = ""
+
+    def __init__(self, **params: Any) -> None:
+        self.params = self.Params(**params)
+
+
+class LengthPolicyBase(Policy):
+    def begin_step(self, ctx: StepContext) -> None:
+        pass
+
+    def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
+        pass
+
+
+class TargetLengthPolicy(LengthPolicyBase, ABC):
+    """A length policy that fixes each request's draft length in `begin_step` (static, GP-LCB, DSDE,
+    SmartSpec, oracle). Subclasses implement `targets(ctx) -> list[int]` (aligned with ctx.requests)."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.step_targets: dict[int, int] = {}
+
+    @abstractmethod
+    def targets(self, ctx: StepContext) -> list[int]:
+        """Draft length per request this step, aligned with ctx.requests (clipped to [0, k_max])."""
+
+    def begin_step(self, ctx: StepContext) -> None:
+        ks = self.targets(ctx)
+        self.step_targets = {r.req_id: max(0, min(int(k), ctx.k_max)) for r, k in zip(ctx.requests, ks)}
+
+    def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
+        return [n < self.step_targets.get(rid, 0) for rid, n in zip(drafts.req_ids, drafts.lengths())]
+
+
+class VerifyPolicyBase(Policy):
+    def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
+        pass
+
+
+class SchedulePolicyBase(Policy):
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+
+def require_latency_model(ctx: StepContext, policy: str) -> LatencyModel:
+    if ctx.latency_model is None:
+        raise InputError(f"the {policy} policy needs a fitted latency model (run `autospec fit`)",
+                         field="latency_model")
+    return ctx.latency_model
+
+
+def batch_context_tokens(ctx: StepContext) -> float:
+    """N_c for the time model: the batch's context tokens, summed over requests."""
+    return float(sum(r.context_len for r in ctx.requests))
+
+
+# --- registries -------------------------------------------------------------------------------------
+
+LENGTH_POLICIES: dict[str, type[LengthPolicyBase]] = {}
+VERIFY_POLICIES: dict[str, type[VerifyPolicyBase]] = {}
+SCHEDULE_POLICIES: dict[str, type[SchedulePolicyBase]] = {}
+
+REGISTRIES: dict[str, dict[str, type[Policy]]] = {
+    "length": LENGTH_POLICIES,  # type: ignore[dict-item]
+    "verify": VERIFY_POLICIES,  # type: ignore[dict-item]
+    "schedule": SCHEDULE_POLICIES,  # type: ignore[dict-item]
+}
+
+P = TypeVar("P", bound=type[Policy])
+
+
+def _register(kind: str, name: str) -> Callable[[P], P]:
+    def deco(cls: P) -> P:
+        registry = REGISTRIES[kind]
+        if name in registry and registry[name] is not cls:
+            raise ValueError(f"{kind} policy {name!r} registered twice")
+        registry[name] = cls
+        if not cls.name:
+            cls.name = name
+        return cls
+    return deco
+
+
+def register_length(name: str) -> Callable[[P], P]:
+    return _register("length", name)
+
+
+def register_verify(name: str) -> Callable[[P], P]:
+    return _register("verify", name)
+
+
+def register_schedule(name: str) -> Callable[[P], P]:
+    return _register("schedule", name)
+
+
+def policy_class(kind: str, name: str) -> type[Policy]:
+    """The class registered as `name` for `kind` (length | verify | schedule); InputError if none."""
+    _load_builtin_policies()
+    registry = REGISTRIES[kind]
+    if name not in registry:
+        raise InputError(f"unknown {kind} policy {name!r}; known: {', '.join(sorted(registry))}",
+                         field=f"{kind}.policy")
+    return registry[name]
+
+
+def build_policy(kind: str, name: str, **params: Any) -> Policy:
+    cls = policy_class(kind, name)
+    try:
+        return cls(**params)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise InputError(first["msg"], field=f"{kind}.{loc}" if loc else kind) from None
+
+
+def build_length(name: str, **params: Any) -> LengthPolicy:
+    return build_policy("length", name, **params)  # type: ignore[return-value]
+
+
+def build_verify(name: str, **params: Any) -> VerifyPolicy:
+    return build_policy("verify", name, **params)  # type: ignore[return-value]
+
+
+def build_schedule(name: str, **params: Any) -> SchedulePolicy:
+    return build_policy("schedule", name, **params)  # type: ignore[return-value]
+
+
+def _load_builtin_policies() -> None:
+    # Importing the package registers every built-in policy (its __init__ imports each module).
+    import autospec.policies  # noqa: F401
+

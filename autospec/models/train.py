@@ -53,9 +53,8 @@ TARGET = ModelConfig("target", hidden_size=256, intermediate_size=768, num_layer
 # Draft candidates; `bundle` keeps the one with the best measured speed-up. The narrow ones are cheap
 # per token on a CPU (decode there is memory-bandwidth bound, so cost follows bytes of weights).
 DRAFTS = [
-    ModelConfig("draft-l1-d256", hidden_size=256, intermediate_size=768, num_layers=1, num_heads=4, num_kv_heads=2),
-    ModelConfig("draft-l2-d128", hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1),
     ModelConfig("draft-l2-d256", hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2),
+    ModelConfig("draft-l2-d128", hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1),
 ]
 
 
@@ -318,9 +317,12 @@ def bundle(
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        for f in src.iterdir():
-            if f.suffix in (".json", ".safetensors"):
-                shutil.copy2(f, out / f.name)
+        # Re-save through transformers in shards of <= 16 MB: same bf16 tensors, but no single file is
+        # large enough to trouble a git host, and HF, vLLM and our loader all read sharded checkpoints.
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        AutoModelForCausalLM.from_pretrained(src, dtype="auto").save_pretrained(out, max_shard_size="16MB")
+        AutoTokenizer.from_pretrained(src).save_pretrained(out)
     train_log = json.loads((work / "train_log.json").read_text())
     card = {
         "name": "autospec bundled pair",

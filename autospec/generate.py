@@ -136,6 +136,7 @@ def run_generate(
         raise InputError("no prompts to generate from", field="prompts")
     if batch_size < 1:
         raise InputError(f"batch size must be >= 1, got {batch_size}", field="batch_size")
+    engine.set_draft_sampling(strategy.execution.draft_sampling)
     settings = StepSettings(k_max=engine.k_max, temperature=engine.temperature, latency_model=latency_model)
     outputs: list[list[int]] = [[] for _ in prompt_ids]
     steps = drafted = verified = accepted = request_steps = 0

@@ -67,6 +67,11 @@ class ExecutionSpec(_Strict):
     sm_split: float = Field(0.0, ge=0.0, lt=1.0)  # draft's share r of the SMs; 0 = no split
     chunk_size: int = Field(0, ge=0)  # frontier-overlap chunk s_c; 0 = no overlap
     early_exit: bool = False
+    # How the draft proposes at T>0: "sample" from its distribution, or "greedy" (its argmax, verified
+    # as a point mass). A verify policy that trims by the drafts' own confidences (AdaSpec's verifier,
+    # DSpark) is only lossless with greedy proposals: the verified prefix must not depend on a random
+    # draw (DSpark App. A shows the bias otherwise; tests/engine/test_strategies_lossless.py measures it).
+    draft_sampling: Literal["sample", "greedy"] = "sample"
     ee_start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
     ee_k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
     ee_k_end: int = Field(10, ge=1)  # K_ℓ at L − 1 [chosen]
@@ -111,6 +116,10 @@ class StrategySpec(_Strict):
             except InputError as err:
                 raise SpecFieldError(f"{kind}.policy", err.problem) from None
             _validate_params(kind, cls.Params, section.params)
+        if self.verify.policy != "all" and self.execution.draft_sampling != "greedy":
+            raise SpecFieldError("execution.draft_sampling",
+                                 f"verify policy {self.verify.policy!r} trims drafts by their own confidence, "
+                                 "which is lossless only with draft_sampling = \"greedy\"")
         for kind, params in self.search.items():
             for name, rng in params.items():
                 self._check_search(kind, name, rng)

@@ -1,45 +1,13 @@
-"""Shared fixtures: tiny random Hugging Face pairs built on the spot, the bundled pair, shared data."""
+"""Shared fixtures: tiny random Hugging Face pairs built on the spot, the bundled pair."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
-
-
-def shared_file(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not present")
-    return path
-
-
-def make_tiny_model(path: Path, *, vocab: int, layers: int, hidden: int = 64, heads: int = 2, kv_heads: int = 1,
-                    seed: int = 0, arch: str = "llama", logit_scale: float = 1.0) -> Path:
-    """A random HF causal LM saved to `path` (weights scaled so its distributions are not flat)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
-
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
-    cfg_cls, model_cls = classes[arch]
-    torch.manual_seed(seed)
-    cfg = cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-                  max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=vocab - 1,
-                  bos_token_id=0)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        # logits with a std of ~1.5·logit_scale: peaked but not degenerate next-token distributions
-        model.lm_head.weight.normal_(0.0, 1.5 * logit_scale / hidden ** 0.5)
-    model.save_pretrained(path)
-    return path
+from autospec_testing import make_tiny_model
 
 
 @pytest.fixture(scope="session")

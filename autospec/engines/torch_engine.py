@@ -48,6 +48,7 @@ class _Request:
     draft_probs: list[torch.Tensor] = field(default_factory=list)  # q distribution each draft was sampled from
     round_draft_len: int = 0  # draft_len and pending length when this round's first draft was made
     round_pending: int = 0
+    round_greedy: bool = False  # this round's proposals were the draft's argmax (point masses)
     finished: bool = False
 
 
@@ -64,6 +65,7 @@ class TorchSDEngine:
         temperature: float = 0.0,
         k_max: int = 8,
         seed: int = 0,
+        draft_sampling: str = "sample",
     ):
         if temperature < 0:
             raise InputError(f"temperature must be >= 0, got {temperature}", field="temperature")
@@ -78,6 +80,7 @@ class TorchSDEngine:
                 f"({self.target.shape.vocab_size})", path=draft_dir)
         self.temperature = float(temperature)
         self.k_max = k_max
+        self.draft_sampling = draft_sampling  # "sample" | "greedy" (see set_draft_sampling)
         self.eos_ids = set(self.target.shape.eos_token_ids)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.target_cache: KVCache = self.target.new_cache()
@@ -125,6 +128,15 @@ class TorchSDEngine:
                 req.finished = True
                 break
         return kept
+
+    def set_draft_sampling(self, mode: str) -> None:
+        """At T>0 the draft either samples its proposal ("sample") or proposes its argmax ("greedy"),
+        which verification then treats as a point mass: accept with probability p(d), else resample from
+        p with d removed. Both are lossless; greedy keeps any verify rule that looks at the proposals'
+        confidences lossless too, because the proposals are then not random."""
+        if mode not in ("sample", "greedy"):
+            raise InputError(f"draft_sampling must be 'sample' or 'greedy', got {mode!r}", field="draft_sampling")
+        self.draft_sampling = mode
 
     def request(self, req_id: int) -> _Request:
         try:
@@ -207,6 +219,7 @@ class TorchSDEngine:
                 raise ValueError(f"request {req.req_id} is finished")
             if not req.drafts:
                 req.round_draft_len, req.round_pending = req.draft_len, len(req.pending)
+                req.round_greedy = self.temperature == 0 or self.draft_sampling == "greedy"
         tokens, q_lens = self._pad([req.pending for req in reqs])
         rows = torch.tensor([req.slot for req in reqs], dtype=torch.long, device=self.device)
         lens = torch.tensor([req.draft_len for req in reqs], dtype=torch.long, device=self.device)
@@ -214,7 +227,7 @@ class TorchSDEngine:
         logits = self.draft_model.forward(tokens, self.draft_cache, rows, lens, q_lens, logits_at=(q_lens - 1)[:, None])
         logits = logits[:, 0]
         probs = self._probs(logits)
-        chosen = self._choose(probs, logits)
+        chosen = logits.argmax(-1) if self.draft_sampling == "greedy" else self._choose(probs, logits)
         conf = probs.gather(1, chosen[:, None])[:, 0]
         entropy = -(probs * torch.log(probs.clamp_min(KL_CLAMP))).sum(-1)
         out = []
@@ -275,8 +288,11 @@ class TorchSDEngine:
             target_choice = logits[:, : q.shape[1]].argmax(-1)
             ok = (target_choice == draft_tok) & valid
         else:
+            # Greedy proposals are point masses: q(d) = 1, so acceptance is min(1, p(d)).
+            greedy = torch.tensor([r.round_greedy for r in reqs], device=self.device)
+            q_accept = torch.where(greedy[:, None], torch.ones_like(q_tok), q_tok)
             u = torch.rand(q_tok.shape, generator=self.generator, device=self.device)
-            ok = (u * q_tok < p_tok) & valid  # accept with probability min(1, p/q)
+            ok = (u * q_accept < p_tok) & valid  # accept with probability min(1, p/q)
         accepted = ok.long().cumprod(dim=1).sum(dim=1)  # leading run of accepted drafts
         # The next token: from the target at the first rejected position (residual distribution at
         # T>0), or the bonus position after a fully accepted block.
@@ -286,7 +302,11 @@ class TorchSDEngine:
             next_tok = logits[torch.arange(B, device=self.device), idx].argmax(-1)
         else:
             rejected = accepted < n_t
-            q_next = q[torch.arange(B, device=self.device), idx.clamp(max=q.shape[1] - 1)]
+            at = idx.clamp(max=q.shape[1] - 1)
+            q_next = q[torch.arange(B, device=self.device), at]
+            point_mass = torch.zeros_like(q_next).scatter_(1, draft_tok[torch.arange(B, device=self.device), at][:, None],
+                                                           1.0)
+            q_next = torch.where(greedy[:, None], point_mass, q_next)
             residual = (p_next - q_next).clamp_min(0)
             mass = residual.sum(-1, keepdim=True)
             residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from autospec.engines.llama import CompactLlama
 from autospec.errors import InputError
-from conftest import make_tiny_model
+from autospec_testing import make_tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -11,7 +11,7 @@ from autospec.errors import InputError
 from autospec.generate import load_tokenizer, run_generate, strategy_spec
 from autospec.strategy import build_strategy
 from autospec.workloads.prompts import load_prompts
-from conftest import shared_file
+from autospec_testing import shared_file
 
 MAX_TOKENS = 24
 
@@ -85,7 +85,7 @@ def test_stop_at_eos_and_max_tokens(engine, prompt_ids):
 
 
 def test_vocabulary_mismatch_is_an_input_error(bundled_pair, tmp_path):
-    from conftest import make_tiny_model
+    from autospec_testing import make_tiny_model
 
     other = make_tiny_model(tmp_path / "other", vocab=50, layers=1)
     with pytest.raises(InputError, match="vocabulary"):

@@ -1,0 +1,3 @@
+from autospec.cli import app
+
+app()

@@ -178,28 +178,24 @@ class CompactLlama:
         if self.embed.shape != (s.vocab_size, s.hidden_size):
             raise InputError(f"embedding shape {tuple(self.embed.shape)} does not match config", path=self.path)
         tied = s.tie_word_embeddings and "lm_head.weight" not in w
-        self.lm_head = (self.embed if tied else take("lm_head.weight")).t().contiguous()  # [hidden, vocab]
+        self.lm_head = Projection(self.embed if tied else take("lm_head.weight"))
         self.final_norm = take("model.norm.weight")
         self.layers = []
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            # Weights are stored transposed ([in, out]) because `x @ w` is measurably cheaper than
-            # F.linear for the skinny matrices of decoding on CPU. q/k/v and gate/up are fused: five
-            # matmuls become two, and fewer ops is lower overhead at batch 1.
+            # q/k/v and gate/up are fused: five matmuls become two, and fewer ops is lower overhead.
             layer = {
                 "attn_norm": take(p + "input_layernorm.weight"),
                 "mlp_norm": take(p + "post_attention_layernorm.weight"),
-                "qkv": torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"),
-                                  take(a + "v_proj.weight")]).t().contiguous(),
-                "o": take(a + "o_proj.weight").t().contiguous(),
-                "gate_up": torch.cat([take(p + "mlp.gate_proj.weight"),
-                                      take(p + "mlp.up_proj.weight")]).t().contiguous(),
-                "down": take(p + "mlp.down_proj.weight").t().contiguous(),
+                "qkv": Projection(torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"),
+                                             take(a + "v_proj.weight")]),
+                                  torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"),
+                                             take(a + "v_proj.bias")]) if s.qkv_bias else None),
+                "o": Projection(take(a + "o_proj.weight"), take(a + "o_proj.bias") if s.o_bias else None),
+                "gate_up": Projection(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+                "down": Projection(take(p + "mlp.down_proj.weight")),
             }
-            layer["qkv_b"] = (torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
-                              if s.qkv_bias else None)
-            layer["o_b"] = take(a + "o_proj.bias") if s.o_bias else None
             if s.qk_norm:
                 layer["q_norm"] = take(a + "q_norm.weight")
                 layer["k_norm"] = take(a + "k_norm.weight")
@@ -265,7 +261,7 @@ class CompactLlama:
         x = self.embed_tokens(tokens)
         for li, layer in enumerate(self.layers):
             h = F.rms_norm(x, (s.hidden_size,), layer["attn_norm"], s.rms_norm_eps)
-            qkv = _project(h, layer["qkv"], layer["qkv_b"])
+            qkv = layer["qkv"](h)
             qk = qkv[..., : (n_q + n_kv) * hd].view(B, Q, n_q + n_kv, hd)
             v = qkv[..., (n_q + n_kv) * hd:].view(B, Q, n_kv, hd)
             if s.qk_norm:
@@ -289,10 +285,10 @@ class CompactLlama:
             attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
                                                   enable_gqa=n_q != n_kv)
             attn = attn.transpose(1, 2).reshape(B, Q, n_q * hd)
-            x = x + _project(attn, layer["o"], layer["o_b"])
+            x = x + layer["o"](attn)
             h = F.rms_norm(x, (s.hidden_size,), layer["mlp_norm"], s.rms_norm_eps)
-            gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer["down"]
+            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+            x = x + layer["down"](F.silu(gate) * up)
             if layer_hook is not None:
                 layer_hook(li, x)
         if logits_at is not None:
@@ -302,9 +298,41 @@ class CompactLlama:
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head (also used by early exit on intermediate hidden states)."""
         s = self.shape
-        return F.rms_norm(hidden, (s.hidden_size,), self.final_norm, s.rms_norm_eps) @ self.lm_head
+        return self.lm_head(F.rms_norm(hidden, (s.hidden_size,), self.final_norm, s.rms_norm_eps))
 
 
-def _project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    y = x @ weight_t
-    return y if bias is None else y + bias
+class Projection:
+    """y = x·Wᵀ + b, dispatched to the CPU kernel that is fastest for the number of rows.
+
+    Measured on a 2-core AMD EPYC (benchmarks/engine_speed.py): MKL's sgemm handles one row well but
+    costs ~M times one row for M = 2..4 rows (it streams the weights once per row), which would make
+    verifying k+1 tokens cost k+1 decode steps. oneDNN's packed-weight kernel streams them once, so
+    its cost is nearly flat in M. One row keeps MKL's `x @ Wᵀ` (oneDNN has a larger fixed cost);
+    several rows use oneDNN. On CUDA (or without oneDNN) it is a plain matmul.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.out_features, self.in_features = weight.shape
+        self.weight_t = weight.t().contiguous()  # [in, out]: `x @ w` beats F.linear for one row
+        self.bias = bias
+        self.packed = None
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 4)
+            except (RuntimeError, AttributeError):
+                self.packed = None
+
+    def numel(self) -> int:
+        return self.weight_t.numel() + (0 if self.bias is None else self.bias.numel())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if self.packed is not None and rows >= MULTI_ROW_ONEDNN:
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, self.in_features), self.packed, self.bias,
+                                                    "none", [], "")
+            return y.view(*x.shape[:-1], self.out_features)
+        y = x @ self.weight_t
+        return y if self.bias is None else y + self.bias
+
+
+MULTI_ROW_ONEDNN = 2  # rows from which Projection uses oneDNN (see its docstring)

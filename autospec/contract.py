@@ -38,7 +38,10 @@ class DraftState:
         return [len(t) for t in self.tokens]
 
     def append(self, req_id: int, draft: DraftToken) -> None:
-        i = self.req_ids.index(req_id)
+        index = self.__dict__.get("_index")
+        if index is None or len(index) != len(self.req_ids):
+            index = self.__dict__["_index"] = {rid: i for i, rid in enumerate(self.req_ids)}
+        i = index[req_id]
         self.tokens[i].append(draft.token)
         self.confidences[i].append(draft.confidence)
         self.entropies[i].append(draft.entropy)

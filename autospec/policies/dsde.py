@@ -10,9 +10,12 @@ factor and SL̂ Eq. 7–8, batch cap Eq. 9–11.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from typing import Any, Sequence
+
+import numpy as np
 
 from pydantic import Field
 
@@ -31,13 +34,19 @@ class DsdeParams(PolicyParams):
     flat_wvir: float = Field(20.0, ge=0.0)  # WVIR used when the long window is flat [chosen]
 
 
+@functools.lru_cache(maxsize=64)
+def _decay_weights(n: int, decay: float) -> np.ndarray:
+    """α_i = decay^(i−1) laid out oldest first (the last entry, the most recent value, has weight 1)."""
+    return decay ** np.arange(n - 1, -1, -1, dtype=float)
+
+
 def weighted_mean_var(values: Sequence[float], decay: float) -> tuple[float, float]:
     """Weighted mean and variance with α_i = decay^(i−1), i = 1 the most recent (values oldest first)."""
-    recent_first = list(reversed(values))
-    weights = [decay ** i for i in range(len(recent_first))]
-    total = sum(weights)
-    mean = sum(w * x for w, x in zip(weights, recent_first)) / total
-    var = sum(w * (x - mean) ** 2 for w, x in zip(weights, recent_first)) / total
+    x = np.asarray(values, dtype=float)
+    w = _decay_weights(len(x), decay)
+    total = w.sum()
+    mean = float(w @ x) / total
+    var = float(w @ (x - mean) ** 2) / total
     return mean, var
 
 

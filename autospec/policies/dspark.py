@@ -67,11 +67,18 @@ def table_sps(tokens: Sequence[int], values: Sequence[float]) -> Sps:
 
 
 def survivals(drafts: DraftState, temperatures: Sequence[float]) -> list[list[float]]:
-    """a_rj for every request r and drafted position j (calibrated when temperatures are given)."""
-    out = []
-    for confs in drafts.confidences:
-        out.append([] if not confs else [float(a) for a in survival(np.asarray([confs]), temperatures)[0]])
-    return out
+    """a_rj for every request r and drafted position j (calibrated when temperatures are given).
+
+    One vectorised survival() over the batch padded with NaN (NaN stays NaN and is cut off again)."""
+    lengths = drafts.lengths()
+    width = max(lengths, default=0)
+    if width == 0:
+        return [[] for _ in lengths]
+    conf = np.full((len(lengths), width), np.nan)
+    for i, confs in enumerate(drafts.confidences):
+        conf[i, : len(confs)] = confs
+    surv = survival(conf, temperatures).tolist()
+    return [row[:n] for row, n in zip(surv, lengths)]
 
 
 def ranked_entries(surv: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:

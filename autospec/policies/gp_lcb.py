@@ -149,20 +149,22 @@ class GpLcbLength(TargetLengthPolicy):
         _, key, s_n = best
         self._last = (key, s_n)
         self.selected_sm_split = key[1]
-        return [self._refine(ctx, r.req_id, s_n, key[1]) for r in ctx.requests]
+        if not self.params.refine or ctx.latency_model is None:
+            return [s_n] * ctx.batch_size
+        # T̂(s) depends on the batch, not on the request: compute it once per candidate s.
+        n_c = batch_context_tokens(ctx)
+        t_hat = {s: sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c)
+                 for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= ctx.k_max}
+        return [self._refine(r.req_id, s_n, t_hat) for r in ctx.requests]
 
-    def _refine(self, ctx: StepContext, req_id: int, s_n: int, r: float | None) -> int:
+    def _refine(self, req_id: int, s_n: int, t_hat: dict[int, float]) -> int:
         """Eq. 2: argmin over C = {s_n−1, s_n, s_n+1} ∩ S of T̂(s)/(s·â_i(s) + ε)."""
         p_i = self._accept.get(req_id)
-        if not self.params.refine or ctx.latency_model is None or p_i is None:
+        if p_i is None:
             return s_n
-        n_c = batch_context_tokens(ctx)
         best_s, best_cost = s_n, math.inf
-        for s in (s_n - 1, s_n, s_n + 1):
-            if not 1 <= s <= ctx.k_max:
-                continue
-            t_hat = sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c)
-            cost = t_hat / (per_request_gain(p_i, s) + self.params.eps)
+        for s, t in t_hat.items():
+            cost = t / (per_request_gain(p_i, s) + self.params.eps)
             if cost < best_cost:
                 best_s, best_cost = s, cost
         return best_s

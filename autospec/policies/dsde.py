@@ -96,6 +96,47 @@ def batch_cap(lengths: Sequence[int]) -> int:
     return math.ceil(sum(lengths) / len(lengths) - 1e-9) if lengths else 0
 
 
+def predicted_lengths(histories: Sequence[Sequence[float]], sl_max: float, p: DsdeParams) -> list[int]:
+    """predicted_length for a whole batch at once (same numbers; one numpy pass instead of 3·B small
+    ones, which keeps DSDE's per-step cost well under 1% of a verify step at batch 64)."""
+    if not histories:
+        return []
+    width = p.long_window
+    x = np.zeros((len(histories), width))
+    n = np.zeros(len(histories), dtype=int)
+    for i, h in enumerate(histories):
+        tail = list(h)[-width:]
+        n[i] = len(tail)
+        if tail:
+            x[i, width - len(tail):] = tail  # right-aligned: the most recent value is the last column
+    cols = np.arange(width)
+    age = width - 1 - cols  # 0 = most recent
+    weights = p.decay ** age
+    valid_long = cols[None, :] >= (width - n)[:, None]
+    valid_short = valid_long & (age[None, :] < p.short_window)
+
+    def mean_var(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w = weights[None, :] * mask
+        total = np.where(w.sum(1) > 0, w.sum(1), 1.0)
+        mean = (w * x).sum(1) / total
+        var = (w * (x - mean[:, None]) ** 2).sum(1) / total
+        return mean, var
+
+    mean_short, var_short = mean_var(valid_short)
+    _, var_long = mean_var(valid_long)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(var_long < p.min_long_variance, p.flat_wvir, var_short / np.maximum(var_long, 1e-300))
+    wvir_v = np.where(n < 2, 0.0, ratio)
+    product = np.where(n == 0, 0.0, (np.exp(2.0 * mean_short) - 1.0) * wvir_v)
+    out = []
+    for prod in product.tolist():
+        if prod > 1.0:
+            out.append(p.sl_min)
+        else:
+            out.append(max(p.sl_min, math.ceil((1.0 - prod) * (sl_max - p.sl_min) + p.sl_min - 1e-9)))
+    return out
+
+
 @register_length("dsde")
 class DsdeLength(TargetLengthPolicy):
     """DSDE: s_i = min(SL̂_i, SL_cap) after a warm-up that calibrates SL_max."""
@@ -115,8 +156,8 @@ class DsdeLength(TargetLengthPolicy):
         if self.sl_max is None:
             return [self.params.warmup_len or ctx.k_max] * ctx.batch_size
         sl_max = min(max(self.sl_max, self.params.sl_min), ctx.k_max)
-        sl_hat = [min(predicted_length(list(self._klds.get(r.req_id, ())), sl_max, self.params), ctx.k_max)
-                  for r in ctx.requests]
+        histories = [self._klds.get(r.req_id, ()) for r in ctx.requests]
+        sl_hat = [min(s, ctx.k_max) for s in predicted_lengths(histories, sl_max, self.params)]
         cap = batch_cap(sl_hat)
         return [min(s, cap) for s in sl_hat]
 

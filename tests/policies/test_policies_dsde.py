@@ -75,3 +75,18 @@ def test_policy_forgets_finished_requests():
     ctx = make_ctx(1)
     policy.observe(ctx, make_outcome([4], [2], klds=[[0.3, 0.3]], finished=[True]))
     assert policy._klds == {}
+
+
+def test_batched_predicted_lengths_equal_the_per_request_formula():
+    """The vectorised batch path must give exactly predicted_length for every history shape."""
+    import numpy as np
+
+    from autospec.policies.dsde import DsdeParams, predicted_length, predicted_lengths
+
+    rng = np.random.default_rng(3)
+    params = DsdeParams()
+    histories = [[], [0.2], [0.1, 0.1], [0.0] * 12] + [list(rng.gamma(1.0, s, n)) for s in (0.05, 0.3, 1.0)
+                                                          for n in (2, 9, 10, 11, 29, 30)]
+    for sl_max in (3.0, 6.5, 8.0):
+        assert predicted_lengths(histories, sl_max, params) == [predicted_length(h, sl_max, params)
+                                                              for h in histories]

@@ -207,6 +207,9 @@ def fit(
     draft_steps: int = typer.Option(TrainSettings.draft_steps),
     batch_size: int = typer.Option(TrainSettings.batch_size),
     seq_len: int = typer.Option(TrainSettings.seq_len),
+    keep_target: bool = typer.Option(False, help="reuse WORK/target instead of training a new one"),
+    continue_drafts: bool = typer.Option(False, help="start each draft from WORK/<name> if it exists"),
+    only: str = typer.Option("", help="comma-separated draft candidate names to train (default: all)"),
 ) -> None:
     """Train the target, then distill every draft candidate from it."""
     import torch
@@ -236,26 +239,45 @@ def fit(
                 losses.append(float(fn(rows)))
         return float(np.mean(losses))
 
-    # --- target: next-token prediction
-    target = LlamaForCausalLM(_llama_config(TARGET, eos_id, max_pos)).to(dev)
+    # --- target: next-token prediction (or the one already in WORK/target)
+    previous = json.loads((work / "train_log.json").read_text()) if (work / "train_log.json").is_file() else {}
+    if keep_target:
+        target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(dev)
+    else:
+        target = LlamaForCausalLM(_llama_config(TARGET, eos_id, max_pos)).to(dev)
 
     def lm_loss(rows):
         logits = target(rows[:, :-1]).logits.float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
 
-    _train_loop(target, lm_loss, train_b, s.target_steps, s.lr, s, log, "target")
+    if not keep_target:
+        _train_loop(target, lm_loss, train_b, s.target_steps, s.lr, s, log, "target")
     target.eval()
     target_val = evaluate(lm_loss)
     summary = {"device": str(torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"),
                "torch": torch.__version__, "settings": asdict(s), "target": {**asdict(TARGET), "val_loss": target_val},
                "drafts": {}}
-    _save(target, tokenizer, work / "target")
+    if keep_target:
+        summary["settings"]["target_steps"] = previous.get("settings", {}).get("target_steps")
+        log = [e for e in previous.get("log", []) if e["model"] == "target"]
+    else:
+        _save(target, tokenizer, work / "target")
     for p in target.parameters():
         p.requires_grad_(False)
 
     # --- drafts: distill KL(p_target || p_draft) on the same corpus
     emb = target.model.embed_tokens.weight.detach().float()
+    wanted = {n for n in only.split(",") if n}
     for cfg in DRAFTS:
+        if wanted and cfg.name not in wanted:
+            continue
+        if continue_drafts and (work / cfg.name / "config.json").is_file():
+            draft = LlamaForCausalLM.from_pretrained(work / cfg.name, dtype=torch.float32).to(dev)
+            earlier = previous.get("drafts", {}).get(cfg.name, {}).get(
+                "steps", previous.get("settings", {}).get("draft_steps", 0))
+            log += [e for e in previous.get("log", []) if e["model"] == cfg.name]
+            _distill(draft, cfg, target, train_b, s, log, evaluate, summary, tokenizer, work, earlier)
+            continue
         draft = LlamaForCausalLM(_llama_config(cfg, eos_id, max_pos)).to(dev)
         with torch.no_grad():
             if cfg.hidden_size == TARGET.hidden_size:
@@ -265,27 +287,35 @@ def fit(
                 proj = emb @ v[: cfg.hidden_size].T
                 draft.model.embed_tokens.weight.copy_(proj * (emb.norm(dim=1).mean() / proj.norm(dim=1).mean()))
 
-        def kd_loss(rows, draft=draft):
-            inputs = rows[:, :-1]
-            with torch.no_grad():
-                t_logp = F.log_softmax(target(inputs).logits.float(), dim=-1)
-            d_logp = F.log_softmax(draft(inputs).logits.float(), dim=-1)
-            return F.kl_div(d_logp.reshape(-1, VOCAB_SIZE), t_logp.reshape(-1, VOCAB_SIZE), log_target=True,
-                            reduction="batchmean")
-
-        _train_loop(draft, kd_loss, train_b, s.draft_steps, s.draft_lr, s, log, cfg.name)
-        draft.eval()
-
-        def draft_lm(rows, draft=draft):
-            logits = draft(rows[:, :-1]).logits.float()
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
-
-        summary["drafts"][cfg.name] = {**asdict(cfg), "val_kl_to_target": evaluate(kd_loss),
-                                       "val_loss": evaluate(draft_lm)}
-        _save(draft, tokenizer, work / cfg.name)
+        _distill(draft, cfg, target, train_b, s, log, evaluate, summary, tokenizer, work, 0)
     summary["log"] = log
     (work / "train_log.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=2))
+
+
+def _distill(draft, cfg: ModelConfig, target, train_b, s: TrainSettings, log: list, evaluate, summary: dict,
+             tokenizer, work: Path, earlier_steps: int) -> None:
+    """Distill `draft` from the frozen target: minimise KL(p_target || p_draft) per position."""
+    import torch
+    import torch.nn.functional as F
+
+    def kd_loss(rows):
+        inputs = rows[:, :-1]
+        with torch.no_grad():
+            t_logp = F.log_softmax(target(inputs).logits.float(), dim=-1)
+        d_logp = F.log_softmax(draft(inputs).logits.float(), dim=-1)
+        return F.kl_div(d_logp.reshape(-1, VOCAB_SIZE), t_logp.reshape(-1, VOCAB_SIZE), log_target=True,
+                        reduction="batchmean")
+
+    def draft_lm(rows):
+        logits = draft(rows[:, :-1]).logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+
+    _train_loop(draft, kd_loss, train_b, s.draft_steps, s.draft_lr, s, log, cfg.name)
+    draft.eval()
+    summary["drafts"][cfg.name] = {**asdict(cfg), "steps": earlier_steps + s.draft_steps,
+                                   "val_kl_to_target": evaluate(kd_loss), "val_loss": evaluate(draft_lm)}
+    _save(draft, tokenizer, work / cfg.name)
 
 
 def _save(model, tokenizer, out: Path) -> None:

@@ -207,7 +207,8 @@ def fit(
     draft_steps: int = typer.Option(TrainSettings.draft_steps),
     batch_size: int = typer.Option(TrainSettings.batch_size),
     seq_len: int = typer.Option(TrainSettings.seq_len),
-    keep_target: bool = typer.Option(False, help="reuse WORK/target instead of training a new one"),
+    keep_target: bool = typer.Option(False, help="reuse an existing target instead of training a new one"),
+    target_dir: Path = typer.Option(None, help="with --keep-target: the target to reuse (default WORK/target)"),
     continue_drafts: bool = typer.Option(False, help="start each draft from WORK/<name> if it exists"),
     only: str = typer.Option("", help="comma-separated draft candidate names to train (default: all)"),
 ) -> None:
@@ -242,7 +243,7 @@ def fit(
     # --- target: next-token prediction (or the one already in WORK/target)
     previous = json.loads((work / "train_log.json").read_text()) if (work / "train_log.json").is_file() else {}
     if keep_target:
-        target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32).to(dev)
+        target = LlamaForCausalLM.from_pretrained(target_dir or work / "target", dtype=torch.float32).to(dev)
     else:
         target = LlamaForCausalLM(_llama_config(TARGET, eos_id, max_pos)).to(dev)
 

@@ -180,6 +180,178 @@ def run(
 
 @app.command()
 @fail_cleanly
+def profile(
+    out_dir: Path = typer.Option(..., "--out", help="run directory (writes DIR/profile/ and DIR/manifest.json)"),
+    quick: bool = typer.Option(False, "--quick", help="small grid and few prompts (a few minutes on a CPU)"),
+    k_max: int = typer.Option(8, "--k-max", help="longest draft chain recorded / verified"),
+    prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s); default: the bundled "
+                                                 "code/chat/math sets"),
+    target: Optional[Path] = typer.Option(None, "--target", help="target model directory (HF format)"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (HF format)"),
+    device: str = typer.Option("cpu", "--device"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Measure draft/target step latency and record acceptance traces."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autospec.artifacts import build_manifest, write_json
+    from autospec.config import EngineSpec, PairSpec
+    from autospec.generate import build_engine, load_tokenizer
+    from autospec.profile import EncodedPrompt, ProfileSettings, run_profile, write_profile
+
+    if not 1 <= k_max <= 32:
+        raise InputError(f"--k-max must be in 1..32, got {k_max}", field="k-max")
+    if (target is None) != (draft is None):
+        raise InputError("pass both --target and --draft (profiling needs a pair)", field="target")
+    pair = PairSpec() if target is None else PairSpec(target=target, draft=draft)
+    for p in (pair.target, pair.draft):
+        if p is None or not (Path(p) / "config.json").is_file():
+            raise InputError("not a model directory (no config.json)", path=p)
+    settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
+    settings = settings.model_copy(update={"seed": seed})
+    texts = _prompts(prompts or [], settings.prompts_per_domain)
+    if prompts:  # user files may mix domains: keep at most prompts_per_domain of each
+        per_domain: dict[str, list] = {}
+        for t in texts:
+            per_domain.setdefault(t.domain, []).append(t)
+        texts = [t for group in per_domain.values() for t in group[: settings.prompts_per_domain]]
+    tokenizer = load_tokenizer(pair.target)
+    encoded = []
+    for t in texts:
+        ids = tokenizer.encode(t.text, add_special_tokens=False)
+        if ids:
+            encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
+    engine = build_engine(pair, EngineSpec(device=device, seed=seed, k_max=k_max), 0.0)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=not err.is_terminal) as bar:
+        def task(name: str, total: int):
+            tid = bar.add_task(name, total=total)
+            return lambda n: bar.advance(tid, n)
+
+        result = run_profile(engine, encoded, settings, task)
+    write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded)})
+    config = {"command": "profile", "settings": settings.model_dump(), "device": device,
+              "pair": pair.model_dump(mode="json")}
+    write_json(out_dir / "manifest.json", build_manifest(
+        config, seed=seed, models={"target": pair.target, "draft": pair.draft}, inputs=prompts or []))
+    table = Table(title="autospec profile")
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    table.add_row("latency rows", str(len(result.latency)))
+    table.add_row("acceptance rows", str(len(result.acceptance)))
+    for domain, m in result.acceptance.groupby("domain")["match_len"].mean().items():
+        table.add_row(f"mean match length ({domain})", f"{m:.2f}")
+    table.add_row("gpu telemetry", "yes" if result.telemetry.get("available") else "no")
+    table.add_row("wall s", f"{result.wall_s:.1f}")
+    out.print(table)
+    out.print(f"profile written to {out_dir / 'profile'}")
+
+
+@app.command()
+@fail_cleanly
+def fit(
+    run_dir: Path = typer.Argument(..., help="run directory holding profile/ (from `autospec profile`)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the 80/20 train/held-out split"),
+) -> None:
+    """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and STS calibration to a profile."""
+    from autospec.fit import fit_profile, write_fit
+
+    models = fit_profile(run_dir, seed=seed)
+    path = write_fit(run_dir, models)
+    table = Table(title="autospec fit (held-out errors)")
+    table.add_column("model")
+    table.add_column("draft", justify="right")
+    table.add_column("target", justify="right")
+    table.add_row("linear MAPE", f"{models.linear_mape['draft']:.1%}", f"{models.linear_mape['target']:.1%}")
+    table.add_row("piecewise MAPE", f"{models.piecewise_mape['draft']:.1%}", f"{models.piecewise_mape['target']:.1%}")
+    for name in ("draft", "target"):
+        c = models.linear[name]
+        table.add_row(f"{name} α / γ / δ", *(["", f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}"]
+                                           if name == "target" else
+                                           [f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}", ""]))
+    table.add_row("STS ECE before → after", "", f"{models.sts['ece_before']:.3f} → {models.sts['ece_after']:.3f}")
+    for domain, probs in models.per_position_acceptance.items():
+        table.add_row(f"P(m ≥ 1..{len(probs)}) {domain}", "", " ".join(f"{p:.2f}" for p in probs))
+    out.print(table)
+    out.print(f"fit written to {path}")
+
+
+@app.command()
+@fail_cleanly
+def evaluate(
+    workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    strategies: str = typer.Option(..., "--strategies", help="comma-separated presets or preset files; "
+                                   "no-sd is added as the speed-up baseline when not listed"),
+    engine: str = typer.Option("torch", "--engine", help="torch | sim"),
+    profile_dir: Optional[Path] = typer.Option(None, "--profile", help="profiled + fitted run directory "
+                                               "(required for --engine sim; latency model for torch)"),
+    out_dir: Path = typer.Option(..., "--out", help="run directory to write eval/ and manifest.json to"),
+    repeats: int = typer.Option(1, "--repeats", help="runs per strategy; CIs bootstrap across them"),
+    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="TTFT SLO in seconds (default 2)"),
+    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="TPOT SLO in seconds (default 0.2)"),
+    max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
+    kv_budget: Optional[int] = typer.Option(None, "--kv-budget", help="KV tokens the running requests may hold"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    k_max: int = typer.Option(8, "--k-max"),
+    target: Optional[Path] = typer.Option(None, "--target", help="target model directory (torch engine)"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (torch engine)"),
+    device: str = typer.Option("cpu", "--device"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
+) -> None:
+    """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, HEADLINE, run_evaluate, spec_from_flags
+
+    names = [s.strip() for s in strategies.split(",") if s.strip()]
+    if not names:
+        raise InputError("--strategies lists no strategy", field="strategies")
+    if engine not in ("torch", "sim"):
+        raise InputError(f"unknown engine {engine!r}; use torch or sim", field="engine")
+    flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
+                       slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
+                            "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
+                       max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
+                       seed=seed, device=device)
+    if target is not None or draft is not None:
+        from autospec.config import PairSpec
+
+        flags["pair"] = PairSpec(**{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
+    spec = spec_from_flags(**flags)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json or not err.is_terminal) as progress:
+        def track(label: str, total: int):
+            task = progress.add_task(label, total=total)
+            return lambda _rid: progress.advance(task)
+
+        result = run_evaluate(spec, out_dir, progress=track)
+    summary = result.summary
+    if as_json:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        return
+    table = Table(title=f"autospec evaluate — {summary['workload']['name'] or workload.name} on {engine} "
+                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}; mean [95% CI])")
+    # One column per strategy: a few strategies × many metrics reads better tall than wide.
+    table.add_column("metric")
+    for name in summary["strategies"]:
+        table.add_column(name, justify="right")
+
+    def cell(v: dict) -> str:
+        if v["mean"] is None:
+            return "–"
+        if spec.repeats == 1 or v["ci_low"] is None:
+            return f"{v['mean']:.4g}"
+        return f"{v['mean']:.4g} [{v['ci_low']:.3g}, {v['ci_high']:.3g}]"
+
+    for metric in HEADLINE:
+        table.add_row(metric, *(cell(m[metric]) for m in summary["strategies"].values()))
+    out.print(table)
+    out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · run directory: {out_dir}")
+
+
+@app.command()
+@fail_cleanly
 def presets() -> None:
     """List the bundled strategy presets."""
     from autospec.strategy import list_presets, load_preset

@@ -21,6 +21,10 @@ class GenRequest:
     prompt: Sequence[int]
     max_tokens: int
     ignore_eos: bool = False
+    # Optional context for engines that replay recorded behaviour (the simulator); others ignore it.
+    domain: str = ""  # the request's prompt domain (code, chat, math, ...)
+    trace_id: int | None = None  # the serving loop's stable id: the same across a preemption and re-add
+    resumed_tokens: int = 0  # how many trailing tokens of `prompt` this request generated before a preemption
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,8 @@ class Engine(Protocol):
     def output(self, req_id: int) -> list[int]: ...
 
     def now(self) -> float: ...
+
+    def idle_until(self, t: float) -> None:
+        """Let time pass until `now()` reaches `t` (nothing to run): the simulator jumps its clock, a
+        real engine sleeps."""
+        ...

@@ -95,6 +95,12 @@ class TorchSDEngine:
     def now(self) -> float:
         return time.perf_counter()
 
+    def idle_until(self, t: float) -> None:
+        """Sleep until perf_counter() reaches `t`: a real engine's clock is wall time (see Engine)."""
+        gap = t - time.perf_counter()
+        if gap > 0:
+            time.sleep(gap)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

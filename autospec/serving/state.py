@@ -1,4 +1,19 @@
-"""Per-request state the serving loop keeps between steps, and the read-only view policies get."""
+"""Per-request state the serving loop keeps between steps, and the view policies get.
+
+Two ways to hand a request to policies:
+
+* `view()` returns an independent snapshot (copies every list) — for callers that keep views around.
+* `live_view()` returns one RequestView per request that is updated in place between steps and shares
+  its history lists with this state. `sd_step` uses it: building a fresh view per request per step
+  copied O(history) items each time, which dominated long simulated replays. Policies only read the
+  view during the call they receive it in (the contract says read-only), so sharing is safe; a policy
+  that wants to remember a history must copy it.
+
+Histories are trimmed in place: KLD/confidence signals keep the last SIGNAL_HISTORY positions, and
+`rounds` keeps the last `history_rounds` rounds when that is set (the serving loop sets it; its own
+records hold the full per-round history) or every round when it is None (the generate runner reports
+per-request totals from it).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +24,22 @@ from autospec.contract import RequestView, RoundRecord, StepOutcome
 SIGNAL_HISTORY = 64  # verified positions of KLD/confidence kept per request (DSDE needs 30)
 
 
+_ROUNDS: dict[tuple[int, int, int], RoundRecord] = {}
+
+
+def round_record(drafted: int, verified: int, accepted: int) -> RoundRecord:
+    """An interned RoundRecord: they are immutable and take few distinct values, and building a frozen
+    dataclass per request per step was a measurable share of a long simulated replay."""
+    key = (drafted, verified, accepted)
+    rr = _ROUNDS.get(key)
+    if rr is None:
+        rr = _ROUNDS[key] = RoundRecord(drafted, verified, accepted)
+    return rr
+
+
 @dataclass
 class RequestState:
-    req_id: int
+    req_id: int  # what policies see: stable for the life of the request, across preemptions
     prompt_len: int
     max_tokens: int
     arrival_s: float = 0.0
@@ -23,19 +51,68 @@ class RequestState:
     kld_history: list[float] = field(default_factory=list)
     confidence_history: list[float] = field(default_factory=list)
     finished: bool = False
+    engine_id: int | None = None  # the engine's id for it while it holds a slot; None = same as req_id
+    history_rounds: int | None = None  # keep only this many recent rounds (None = all)
+    _view: RequestView | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def eid(self) -> int:
+        """The id to use in engine calls."""
+        return self.req_id if self.engine_id is None else self.engine_id
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_len + self.generated
 
     def view(self) -> RequestView:
+        """An independent snapshot."""
         return RequestView(
             req_id=self.req_id, prompt_len=self.prompt_len, generated_len=self.generated,
             max_tokens=self.max_tokens, arrival_s=self.arrival_s, predicted_output_len=self.predicted_output_len,
             attained_service_s=self.attained_service_s, domain=self.domain, rounds=list(self.rounds),
             kld_history=list(self.kld_history), confidence_history=list(self.confidence_history))
 
+    def live_view(self) -> RequestView:
+        """The shared view, kept current by `record`/`commit` (see the module docstring); O(1)."""
+        v = self._view
+        if v is None:
+            v = self._view = RequestView(
+                req_id=self.req_id, prompt_len=self.prompt_len, generated_len=self.generated,
+                max_tokens=self.max_tokens, arrival_s=self.arrival_s,
+                predicted_output_len=self.predicted_output_len, attained_service_s=self.attained_service_s,
+                domain=self.domain, rounds=self.rounds, kld_history=self.kld_history,
+                confidence_history=self.confidence_history)
+        else:  # fields a caller may have set directly since the last step
+            v.generated_len = self.generated
+            v.attained_service_s = self.attained_service_s
+        return v
+
+    def commit(self, tokens: int) -> None:
+        """Count tokens committed outside a verify (a prefill's first token)."""
+        self.generated += tokens
+        if self._view is not None:
+            self._view.generated_len = self.generated
+
     def record(self, outcome: StepOutcome, i: int, confidences: list[float], step_s: float) -> None:
-        """Fold request i of a verify outcome into this state."""
-        self.rounds.append(RoundRecord(outcome.drafted[i], outcome.verified[i], outcome.accepted[i]))
-        self.kld_history = (self.kld_history + list(outcome.klds[i]))[-SIGNAL_HISTORY:]
-        self.confidence_history = (self.confidence_history + confidences[: outcome.verified[i]])[-SIGNAL_HISTORY:]
+        """Fold request i of a verify outcome into this state (and its live view)."""
+        verified = outcome.verified[i]
+        rounds = self.rounds
+        rounds.append(round_record(outcome.drafted[i], verified, outcome.accepted[i]))
+        if self.history_rounds is not None and len(rounds) > self.history_rounds:
+            del rounds[: len(rounds) - self.history_rounds]
+        if verified:
+            klds = self.kld_history
+            klds.extend(outcome.klds[i])
+            if len(klds) > SIGNAL_HISTORY:
+                del klds[: len(klds) - SIGNAL_HISTORY]
+            conf = self.confidence_history
+            conf.extend(confidences[:verified])
+            if len(conf) > SIGNAL_HISTORY:
+                del conf[: len(conf) - SIGNAL_HISTORY]
         self.generated += len(outcome.committed[i])
         self.attained_service_s += step_s
         self.finished = outcome.finished[i]
+        v = self._view
+        if v is not None:
+            v.generated_len = self.generated
+            v.attained_service_s = self.attained_service_s

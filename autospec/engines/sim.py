@@ -1,0 +1,356 @@
+"""The simulator: an Engine whose clock comes from the fitted latency model and whose acceptance comes
+from recorded acceptance traces (DESIGN.md, "sim").
+
+Binding. Each request replays one acceptance trace of its domain (`GenRequest.domain`; an empty or
+unprofiled domain draws from every trace). The choice is a seeded hash of the request's stable
+`GenRequest.trace_id` (the serving loop's id), so a preempted request that is re-added keeps its
+trace and resumes at `GenRequest.resumed_tokens`. Output position g (0 = the prefill's token) reads
+trace position g mod N: outputs longer than the trace wrap around it.
+
+Acceptance. At position g the trace holds the draft's greedy chain (K_max tokens with confidence,
+entropy, KL(target‖draft) and the target's probability of each), and the match length m. At T=0,
+drafting k tokens and verifying n ≤ k accepts exactly min(n, m) — the same count the torch engine
+would produce on the trace's prompt. At T>0 chain position j is accepted with the recorded probability
+min(1, p_t(x)/p_d(x)) until the first rejection (uniforms from a seeded generator); tokens then are
+the chain's for accepted drafts and the trace's target token for the correction/bonus, so T>0 token
+ids are a stand-in (the simulator models counts and time, not T>0 text).
+
+Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
+each `draft` call one draft pass T = α·N_c + γ·N_b + δ (N_c = the batch's context incl. drafts so
+far, N_b = its size); each `verify` one target pass (N_c = context, N_b = Σ verified + 1).
+`idle_until` jumps the clock. `swap_cost_s(context_tokens)` — the KV switch cost the serving loop
+charges on preemption — is the target's fitted prefill cost per token times the context: a preempted
+request's KV has to be rebuilt (or moved) token by token, and the marginal prefill cost per token is
+the profile's measurement of that work.
+
+Speed. A 20,000-request replay makes millions of draft/verify entries, so per-position data is
+converted once to Python objects (DraftToken tuples, float lists) that are shared, never rebuilt:
+`draft` is a list lookup per request, `verify` a few slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from autospec.contract import DraftToken, StepOutcome
+from autospec.engines.base import GenRequest, PrefillResult
+from autospec.errors import InputError
+from autospec.latency import LinearLatencyModel
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(seed: int, key: int) -> int:
+    """splitmix64 of (seed, key): a stable, well-spread hash for binding requests to traces."""
+    z = (key * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class AcceptanceTraces:
+    """Acceptance traces flattened to shared per-position Python objects (see the module docstring)."""
+
+    def __init__(self, frame: pd.DataFrame, k_max: int):
+        frame = frame.sort_values(["prompt_id", "position"], kind="stable").reset_index(drop=True)
+        self.k_max = k_max
+
+        def mat(col: str, dtype) -> np.ndarray:
+            m = np.stack([np.asarray(v, dtype=dtype) for v in frame[col].to_numpy()])
+            if m.shape[1] < k_max:
+                raise InputError(f"acceptance traces hold chains of {m.shape[1]} tokens, fewer than K_max "
+                                 f"{k_max}", field=col)
+            return m[:, :k_max]
+
+        chain, conf, ent = mat("chain_tokens", np.int64), mat("confidences", float), mat("entropies", float)
+        self.match: list[int] = np.minimum(frame["match_len"].to_numpy(np.int64), k_max).tolist()
+        self.target_token: list[int] = frame["target_token"].to_numpy(np.int64).tolist()
+        self.chain: list[tuple[DraftToken, ...]] = [
+            tuple(DraftToken(t, c, h) for t, c, h in zip(tr, cr, hr))
+            for tr, cr, hr in zip(chain.tolist(), conf.tolist(), ent.tolist())]
+        self.chain_tokens: list[list[int]] = chain.tolist()
+        self.klds: list[list[float]] = mat("klds", float).tolist()
+        self.target_probs: list[list[float]] = mat("target_probs", float).tolist()
+        self.accept_probs: list[list[float]] = mat("accept_probs", float).tolist()
+        # traces: contiguous runs of one prompt_id
+        ids = frame["prompt_id"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        lengths = np.diff(np.r_[starts, len(ids)])
+        self.starts: list[int] = starts.tolist()
+        self.lengths: list[int] = lengths.tolist()
+        domains = frame["domain"].to_numpy()[starts]
+        self.by_domain: dict[str, list[int]] = {}
+        for i, d in enumerate(domains):
+            self.by_domain.setdefault(str(d), []).append(i)
+        self.all_traces = list(range(len(starts)))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    """The clock's inputs: AdaSpec linear models per pass and prefill lines per model."""
+
+    latency: LinearLatencyModel
+    prefill_target: tuple[float, float]  # (per_token_s, fixed_s)
+    prefill_draft: tuple[float, float]
+
+    def prefill_time(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        (at, bt), (ad, bd) = self.prefill_target, self.prefill_draft
+        return max(0.0, at * tokens + bt) + max(0.0, ad * tokens + bd)
+
+
+class _SimRequest:
+    """Per-request replay state, flat scalars only (the hot paths read a handful of slots)."""
+
+    __slots__ = ("base", "n", "off", "p", "context", "room", "drafted", "out", "finished")
+
+    def __init__(self, base: int, n: int, g: int, prompt_len: int, max_tokens: int):
+        self.base = base  # flat index of the trace's position 0
+        self.n = n  # trace length (positions)
+        self.off = g % n  # trace offset of the next token to commit
+        self.p = base + self.off  # its flat index
+        self.context = prompt_len  # tokens in the KV: prompt + committed since add
+        self.room = max_tokens  # tokens it may still commit
+        self.drafted = 0  # drafts this round
+        self.out: list[int] = []
+        self.finished = False
+
+    def advance(self, committed: int) -> None:
+        self.off = (self.off + committed) % self.n
+        self.p = self.base + self.off
+        self.context += committed
+        self.room -= committed
+
+
+class SimEngine:
+    """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`."""
+
+    def __init__(self, traces: AcceptanceTraces, costs: SimCosts, *, k_max: int | None = None,
+                 temperature: float = 0.0, seed: int = 0):
+        if temperature < 0:
+            raise InputError(f"temperature must be >= 0, got {temperature}", field="temperature")
+        if len(traces) == 0:
+            raise InputError("the simulator needs at least one acceptance trace", field="acceptance")
+        self.traces = traces
+        self.costs = costs
+        self.latency_model = costs.latency
+        self.k_max = traces.k_max if k_max is None else k_max
+        if not 1 <= self.k_max <= traces.k_max:
+            raise InputError(f"k_max must be in 1..{traces.k_max} (the recorded chain length), got {self.k_max}",
+                             field="k_max")
+        self.temperature = float(temperature)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._uniforms: list[float] = []
+        self._u_next = 0
+        self._reqs: dict[int, _SimRequest] = {}
+        self._next_id = 0
+        self._clock = 0.0
+        self._draft_since_verify = 0.0
+        d, t = costs.latency.draft, costs.latency.target
+        self._draft_coef = (d.alpha, d.gamma, d.delta)
+        self._target_coef = (t.alpha, t.gamma, t.delta)
+        self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dirs(cls, run_dir: str | Path, fit_dir: str | Path | None = None, *, k_max: int | None = None,
+                  temperature: float = 0.0, seed: int = 0) -> "SimEngine":
+        """A simulator from a run directory holding profile/ (and fit/; fitted in memory when absent).
+
+        `run_dir` may also be the profile folder itself."""
+        from autospec.fit import fit_profile, load_fit
+        from autospec.profile import ACCEPTANCE_COLUMNS, read_parquet
+
+        root = Path(run_dir)
+        if root.name == "profile" and (root / "acceptance.parquet").exists():
+            root = root.parent
+        if not (root / "profile").is_dir():
+            raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=root / "profile")
+        fit_path = Path(fit_dir) if fit_dir is not None else root / "fit"
+        if fit_dir is not None or (fit_path / "models.json").is_file():
+            models = load_fit(fit_path).models
+        else:
+            models = fit_profile(root)
+        frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+        costs = SimCosts(LinearLatencyModel.from_dict(models.linear),
+                         (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
+                         (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s))
+        return cls(AcceptanceTraces(frame, models.k_max), costs, k_max=k_max, temperature=temperature, seed=seed)
+
+    # ------------------------------------------------------------------ clock
+    def now(self) -> float:
+        return self._clock
+
+    def idle_until(self, t: float) -> None:
+        """Jump the simulated clock to `t` (never backwards)."""
+        if t > self._clock:
+            self._clock = t
+
+    def swap_cost_s(self, context_tokens: int) -> float:
+        """KV switch cost of preempting a request with this context (module docstring)."""
+        return max(0.0, self.costs.prefill_target[0]) * max(0, context_tokens)
+
+    # ------------------------------------------------------------------ requests
+    def _request(self, req_id: int) -> _SimRequest:
+        try:
+            return self._reqs[req_id]
+        except KeyError:
+            raise KeyError(f"unknown request id {req_id}") from None
+
+    def _trace_for(self, domain: str, key: int) -> int:
+        pool = self.traces.by_domain.get(domain) or self.traces.all_traces
+        return pool[_mix(self.seed, key) % len(pool)]
+
+    def add(self, requests: Sequence[GenRequest]) -> PrefillResult:
+        if not requests:
+            return PrefillResult([], [], [], 0.0)
+        tr = self.traces
+        ids, first, finished = [], [], []
+        prompt_tokens = 0
+        for r in requests:
+            n_prompt = len(r.prompt)
+            if n_prompt == 0:
+                raise InputError("a request has an empty prompt", field="prompt")
+            if r.max_tokens < 1:
+                raise InputError(f"max_tokens must be >= 1, got {r.max_tokens}", field="max_tokens")
+            rid = self._next_id
+            self._next_id += 1
+            key = rid if r.trace_id is None else r.trace_id
+            t = self._trace_for(r.domain, key)
+            req = _SimRequest(tr.starts[t], tr.lengths[t], int(r.resumed_tokens), n_prompt, r.max_tokens)
+            tok = tr.target_token[req.p]
+            req.out.append(tok)
+            req.advance(1)
+            req.finished = req.room <= 0
+            self._reqs[rid] = req
+            prompt_tokens += n_prompt
+            ids.append(rid)
+            first.append(tok)
+            finished.append(req.finished)
+        dt = self.costs.prefill_time(prompt_tokens)
+        self._clock += dt
+        self.totals["prefill_s"] += dt
+        return PrefillResult(ids, first, finished, dt)
+
+    def remove(self, req_ids: Sequence[int]) -> None:
+        for rid in req_ids:
+            del self._reqs[rid]
+
+    def output(self, req_id: int) -> list[int]:
+        return list(self._request(req_id).out)
+
+    def is_finished(self, req_id: int) -> bool:
+        return self._request(req_id).finished
+
+    def active_ids(self) -> list[int]:
+        return list(self._reqs)
+
+    def true_match_len(self, req_id: int) -> int | None:
+        """m at the request's current position (the oracle's signal); None for an unknown id."""
+        r = self._reqs.get(req_id)
+        if r is None:
+            return None
+        return self.traces.match[r.p]
+
+    def drafts_of(self, req_id: int) -> list[DraftToken]:
+        r = self._request(req_id)
+        return list(self.traces.chain[r.p][: r.drafted])
+
+    # ------------------------------------------------------------------ draft / verify
+    def draft(self, req_ids: Sequence[int]) -> list[DraftToken]:
+        """One more draft token per request: the next token of the recorded chain; one draft pass of time."""
+        if not req_ids:
+            return []
+        reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
+        out = []
+        context = 0
+        for rid in req_ids:
+            r = reqs[rid]
+            j = r.drafted
+            if r.finished:
+                raise ValueError(f"request {rid} is finished")
+            if j >= k_max:
+                raise ValueError(f"request {rid} already drafted K_max={k_max} tokens this round")
+            out.append(chain[r.p][j])
+            context += r.context + j
+            r.drafted = j + 1
+        a, g, d = self._draft_coef
+        dt = a * context + g * len(req_ids) + d
+        self._clock += dt
+        self._draft_since_verify += dt
+        self.totals["draft_s"] += dt
+        return out
+
+    def _uniform(self) -> float:
+        if self._u_next >= len(self._uniforms):
+            self._uniforms = self._rng.random(1 << 15).tolist()
+            self._u_next = 0
+        u = self._uniforms[self._u_next]
+        self._u_next += 1
+        return u
+
+    def verify(self, plan: Mapping[int, int]) -> StepOutcome:
+        """Accept per the trace (module docstring), commit accepted + 1 tokens, charge one target pass."""
+        tr = self.traces
+        match, tt, klds, tprobs = tr.match, tr.target_token, tr.klds, tr.target_probs
+        greedy = self.temperature == 0
+        req_ids = list(plan)
+        drafted_l, verified_l, accepted_l, committed_l, finished_l, tp_l, kl_l = [], [], [], [], [], [], []
+        context = 0
+        tokens = 0
+        reqs = self._reqs
+        for rid in req_ids:
+            r = reqs[rid]
+            if r.finished:
+                raise ValueError(f"request {rid} is finished")
+            k = r.drafted
+            n = plan[rid]
+            n = 0 if n < 0 else (k if n > k else n)
+            p = r.p
+            if greedy:
+                m = match[p]
+                a = n if n < m else m
+                if r.off + a < r.n:  # no wrap: the accepted drafts and the bonus are the trace's next tokens
+                    new = tt[p: p + a + 1]
+                else:
+                    new = [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
+            else:
+                probs = tr.accept_probs[p]
+                a = 0
+                while a < n and self._uniform() < probs[a]:
+                    a += 1
+                new = tr.chain_tokens[p][:a]
+                new.append(tt[r.base + (r.off + a) % r.n])
+            if len(new) >= r.room:
+                new = new[: r.room]
+                r.finished = True
+            context += r.context
+            tokens += n + 1
+            r.out.extend(new)
+            r.advance(len(new))
+            r.drafted = 0
+            drafted_l.append(k)
+            verified_l.append(n)
+            accepted_l.append(a)
+            committed_l.append(new)
+            finished_l.append(r.finished)
+            tp_l.append(tprobs[p][:n])
+            kl_l.append(klds[p][:n])
+        a_, g_, d_ = self._target_coef
+        dt = a_ * context + g_ * tokens + d_ if req_ids else 0.0
+        self._clock += dt
+        self.totals["verify_s"] += dt
+        draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
+        return StepOutcome(req_ids=req_ids, drafted=drafted_l, verified=verified_l, accepted=accepted_l,
+                           committed=committed_l, finished=finished_l, target_probs=tp_l, klds=kl_l,
+                           draft_time_s=draft_s, verify_time_s=dt)

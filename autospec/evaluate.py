@@ -1,0 +1,314 @@
+"""`autospec evaluate`: replay a workload under several strategies on a real or simulated engine.
+
+For every repeat and every strategy (interleaved, so slow drift of a real machine spreads over all
+strategies) the serving loop (`autospec.serving.loop.serve`) replays the workload's trace with
+continuous batching; the records become `eval/requests.parquet` and `eval/steps.parquet`, the
+metrics (`autospec.serving.metrics`) with bootstrap CIs across repeats become `eval/summary.json`.
+`no-sd` is always run: it is the denominator of `speedup_vs_no_sd` and is reported like the others.
+
+Engines:
+* torch — the bundled pair (or --target/--draft). Prompts are the trace's texts tokenized with the
+  target's tokenizer and clipped or cyclically padded to the trace's prompt_len (so the replay has the
+  trace's lengths and real text's acceptance); a trace without texts gets reproducible synthetic ids.
+  Model-based policies get a latency model from `autospec.fit.load_fit(--profile)` when a profile is
+  given, else one measured on the spot (`generate.quick_latency_model`).
+* sim — `autospec.engines.sim.SimEngine.from_dirs(--profile)` with the fitted latency model of the same
+  directory; a fresh engine per run so runs do not share a clock or random state.
+
+Repeat r runs every strategy with engine seed `seed + r` (sampling at T>0, the simulator's draws,
+timing noise on a real engine); the workload itself is the same in every repeat.
+
+Default SLO [chosen]: TTFT 2 s, TPOT 0.2 s. The bundled pair decodes at ~10 ms/token at batch 1 on
+the 2-core CPU it was built on (benchmarks/results/engine_speed.json); 0.2 s per output token leaves
+room for a batch of 8 on a shared host, and 2 s bounds queueing plus prefill. Pass --slo-ttft/--slo-tpot
+for your deployment's numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
+from autospec.contract import LatencyModel
+from autospec.errors import InputError
+from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
+from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
+from autospec.serving.step import StepSettings
+from autospec.strategy import StrategySpec, build_strategy, load_preset
+from autospec.workloads.trace import Trace
+
+DEFAULT_SLO_TTFT_S = 2.0  # [chosen] see the module docstring
+DEFAULT_SLO_TPOT_S = 0.2  # [chosen]
+BASELINE = "no-sd"
+# Headline metrics for the printed table and the keys every summary carries.
+HEADLINE = ("goodput", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean",
+            "slo_attainment", "accepted_per_step", "acceptance_rate", "speedup_vs_no_sd")
+
+
+class EvaluateSpec(BaseModel):
+    """Everything one `autospec evaluate` needs; the CLI flags validate through it."""
+
+    model_config = ConfigDict(extra="forbid")
+    workload: Path
+    strategies: list[str] = Field(min_length=1)
+    engine: Literal["torch", "sim"] = "torch"
+    profile: Path | None = None
+    repeats: int = Field(1, ge=1)
+    slo: Slo = Slo(ttft_s=DEFAULT_SLO_TTFT_S, tpot_s=DEFAULT_SLO_TPOT_S)
+    max_batch: int = Field(8, ge=1)
+    kv_budget_tokens: int | None = Field(None, ge=1)  # None = no KV limit beyond the engine's memory
+    temperature: float = Field(0.0, ge=0.0)
+    k_max: int = Field(8, ge=1, le=32)
+    seed: int = 0
+    pair: PairSpec = PairSpec()  # torch engine only
+    device: str = "cpu"  # torch engine only
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def spec_from_flags(**flags: Any) -> EvaluateSpec:
+    """EvaluateSpec from CLI values; a validation problem becomes a one-line InputError."""
+    try:
+        return EvaluateSpec.model_validate(flags)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(first["msg"], field=".".join(str(p) for p in first["loc"])) from None
+
+
+# --- strategies --------------------------------------------------------------------------------------
+
+
+def resolve_strategies(names: list[str]) -> tuple[list[StrategySpec], str]:
+    """The listed strategies plus no-SD when absent; returns (specs, name of the no-SD one)."""
+    specs: list[StrategySpec] = []
+    for name in names:
+        spec = load_preset(name.strip())
+        if any(s.name == spec.name for s in specs):
+            if any(s == spec for s in specs):
+                continue  # listed twice
+            raise InputError(f"two strategies are both named {spec.name!r}", field="strategies")
+        specs.append(spec)
+    baseline = next((s for s in specs if s.length.policy == "none"), None)
+    if baseline is None:
+        baseline = load_preset(BASELINE)
+        specs.insert(0, baseline)
+    return specs, baseline.name
+
+
+def _needs_latency_model(spec: StrategySpec) -> bool:
+    from autospec.generate import needs_latency_model
+
+    return needs_latency_model(spec)
+
+
+# --- engines -----------------------------------------------------------------------------------------
+
+
+def _load_fit_latency_model(profile: Path) -> LatencyModel:
+    try:
+        from autospec.fit import load_fit
+    except ImportError:
+        raise InputError("this autospec has no `autospec fit` module to read the latency model from",
+                         path=profile) from None
+    return load_fit(profile).latency_model
+
+
+def _sim_factory(spec: EvaluateSpec) -> Callable[[int], Any]:
+    """A function seed -> fresh SimEngine over --profile."""
+    if spec.profile is None:
+        raise InputError("the sim engine needs --profile DIR (a profiled and fitted run directory)",
+                         field="profile")
+    try:
+        from autospec.engines.sim import SimEngine
+    except ImportError:
+        raise InputError("this autospec has no simulator engine (autospec.engines.sim)", field="engine") from None
+    wanted = {"temperature": spec.temperature, "k_max": spec.k_max}
+    params = inspect.signature(SimEngine.from_dirs).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def make(seed: int):
+        kwargs = {k: v for k, v in {**wanted, "seed": seed}.items() if accepts_any or k in params}
+        return SimEngine.from_dirs(spec.profile, **kwargs)
+
+    return make
+
+
+def _torch_prompts(trace: Trace, engine, pair: PairSpec) -> list[Any]:
+    """Token ids per trace request: the trace's text clipped/cyclically padded to prompt_len, or
+    reproducible synthetic ids when the trace has no text."""
+    rows = list(trace.requests())
+    if not trace.has_prompts:
+        vocab = engine.target.shape.vocab_size
+        return [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
+    from autospec.generate import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(pair.target)
+    except InputError as exc:
+        raise InputError(f"{exc.problem}; the workload has prompt texts to tokenize (set `prompts = []` in "
+                         "the workload to replay synthetic token ids instead)", path=exc.path) from None
+    cache: dict[str, list[int]] = {}
+    out = []
+    for r in rows:
+        ids = cache.get(r.prompt)
+        if ids is None:
+            ids = cache[r.prompt] = tokenizer.encode(r.prompt, add_special_tokens=False)
+        if not ids:
+            raise InputError("prompt encodes to no tokens", path=r.source_id)
+        out.append(list(itertools.islice(itertools.cycle(ids), r.prompt_len)))
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    """Atomic parquet write with schema_version in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"schema_version"] = str(SCHEMA_VERSION).encode()
+    table = table.replace_schema_metadata(meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
+                 progress: Callable[[str, int], Callable[[int], None]] | None = None) -> EvalResult:
+    """Run every strategy `spec.repeats` times and (when out_dir is given) write the eval artifacts.
+
+    `progress(label, total)` may return a per-finished-request callback (the CLI's progress bar).
+    Every input problem raises InputError before anything is written.
+    """
+    from autospec.workloads.spec import load_workload
+
+    strategies, baseline = resolve_strategies(spec.strategies)
+    trace = load_workload(spec.workload)
+    rows = list(trace.requests())
+
+    if spec.engine == "sim":
+        make_sim = _sim_factory(spec)
+        probe = make_sim(spec.seed)  # a bad profile fails here, before anything runs or is written
+        prompts: list[Any] = [SyntheticPrompt(r.prompt_len, getattr(probe, "vocab_size", 1), r.req_id)
+                              for r in rows]
+        latency_model = (_load_fit_latency_model(spec.profile)
+                         if any(_needs_latency_model(s) for s in strategies) else None)
+        torch_engine = None
+    else:
+        from autospec.generate import build_engine, quick_latency_model
+
+        torch_engine = build_engine(spec.pair, EngineSpec(device=spec.device, k_max=spec.k_max, seed=spec.seed),
+                                    spec.temperature)
+        prompts = _torch_prompts(trace, torch_engine, spec.pair)
+        latency_model = None
+        if any(_needs_latency_model(s) for s in strategies):
+            latency_model = (_load_fit_latency_model(spec.profile) if spec.profile is not None
+                             else quick_latency_model(torch_engine))
+        probe = torch_engine
+    if any(s.length.policy == "oracle" for s in strategies) and not hasattr(probe, "true_match_len"):
+        raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
+                         field="strategies")
+    requests = [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
+    settings = StepSettings(k_max=spec.k_max, temperature=spec.temperature, latency_model=latency_model,
+                            slo_tpot_s=spec.slo.tpot_s)
+
+    def engine_for(repeat: int):
+        seed = spec.seed + repeat
+        if torch_engine is None:
+            return make_sim(seed)
+        torch_engine.generator.manual_seed(seed)
+        return torch_engine
+
+    if torch_engine is not None:
+        # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
+        warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
+        serve(torch_engine, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch, settings=settings)
+
+    request_frames, step_frames = [], []
+    metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
+    positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
+    for repeat in range(spec.repeats):
+        for strat in strategies:
+            label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
+            on_finish = progress(label, len(requests)) if progress is not None else None
+            records: ServeRecords = serve(engine_for(repeat), build_strategy(strat), requests,
+                                          max_batch=spec.max_batch, settings=settings,
+                                          kv_budget_tokens=spec.kv_budget_tokens, on_finish=on_finish)
+            req_frame, step_frame = records.requests_frame(), records.steps_frame()
+            metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
+            positions[strat.name].append(per_position_acceptance(step_frame))
+            for frame in (req_frame, step_frame):
+                frame.insert(0, "repeat", repeat)
+                frame.insert(0, "strategy", strat.name)
+            request_frames.append(req_frame)
+            step_frames.append(step_frame)
+    for name, runs in metrics.items():
+        for run, base in zip(runs, metrics[baseline]):
+            ok = run["throughput_tok_s"] is not None and base["throughput_tok_s"]
+            run["speedup_vs_no_sd"] = run["throughput_tok_s"] / base["throughput_tok_s"] if ok else None
+
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "strategies": {name: summarize_repeats(runs, seed=spec.seed) for name, runs in metrics.items()},
+        "per_position_acceptance": {name: _mean_positions(p) for name, p in positions.items()},
+        "baseline": baseline,
+        "repeats": spec.repeats,
+        "workload": {"path": str(spec.workload), "name": trace.name, **trace.stats()},
+        "engine": {"kind": spec.engine, "max_batch": spec.max_batch, "kv_budget_tokens": spec.kv_budget_tokens,
+                   "k_max": spec.k_max, "temperature": spec.temperature, "seed": spec.seed,
+                   "profile": None if spec.profile is None else str(spec.profile),
+                   **({"target": str(spec.pair.target), "draft": str(spec.pair.draft), "device": spec.device}
+                      if spec.engine == "torch" else {})},
+        "slo": spec.slo.model_dump(),
+    }
+    result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
+                        pd.concat(step_frames, ignore_index=True))
+    if out_dir is not None:
+        _write_artifacts(out_dir, spec, result)
+    return result
+
+
+def _mean_positions(runs: list[list[float | None]]) -> list[float | None]:
+    """Per-position acceptance averaged over repeats (positions no repeat reached stay None)."""
+    width = max((len(r) for r in runs), default=0)
+    out: list[float | None] = []
+    for j in range(width):
+        vals = [r[j] for r in runs if j < len(r) and r[j] is not None]
+        out.append(float(np.mean(vals)) if vals else None)
+    return out
+
+
+def _write_artifacts(out_dir: Path, spec: EvaluateSpec, result: EvalResult) -> None:
+    from autospec.artifacts import build_manifest, write_json
+
+    eval_dir = Path(out_dir) / "eval"
+    _write_parquet(eval_dir / "requests.parquet", result.requests)
+    _write_parquet(eval_dir / "steps.parquet", result.steps)
+    write_json(eval_dir / "summary.json", result.summary)
+    models = {"target": spec.pair.target, "draft": spec.pair.draft} if spec.engine == "torch" else {}
+    write_json(Path(out_dir) / "manifest.json",
+               build_manifest(spec.model_dump(mode="json"), seed=spec.seed, models=models, inputs=[spec.workload]))

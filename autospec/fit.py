@@ -1,0 +1,257 @@
+"""`autospec fit`: turn a profile into the models policies and the simulator consume (DESIGN.md, stage 2).
+
+From `DIR/profile/` it fits, each with a held-out error so a user can see how far to trust it:
+
+* AdaSpec's linear forward model T = α·N_c + γ·N_b + δ per model (N_c = batch·context, N_b =
+  batch·tokens) on the decode rows, robust relative least squares (`fit_linear_relative`) on a seeded
+  80% split, MAPE on the other 20%;
+* FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
+  split), same split and MAPE;
+* a prefill line per model, T = per_token·(batch·tokens) + fixed, from the prefill rows (it prices
+  admission in the simulator and the KV swap cost on preemption);
+* DSpark's SPS(B) table: target steps per second at B = batch·tokens verification tokens, measured at
+  the profile's typical (median) context;
+* per-position acceptance per domain: P(m ≥ j), j = 1..K_max, from the acceptance traces;
+* STS calibration of draft confidences against "the first k drafts are all accepted", with held-out
+  ECE before and after.
+
+Everything lands in `DIR/fit/models.json`; `load_fit` reads it back as a `FitResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from autospec.errors import InputError
+from autospec.latency import LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise, mape
+from autospec.policies.sts import StsCalibration, fit_sts
+from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, read_parquet
+
+HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
+NOMINAL_SPLIT = 0.5  # r used for rows without an SM split: any constant r gives a one-segment fit
+
+
+class PrefillLine(BaseModel):
+    """Prefill seconds = per_token_s · (batch · tokens) + fixed_s."""
+
+    model_config = ConfigDict(extra="forbid")
+    per_token_s: float
+    fixed_s: float
+
+    def time(self, tokens: float) -> float:
+        return self.per_token_s * tokens + self.fixed_s if tokens > 0 else 0.0
+
+
+class FitModels(BaseModel):
+    """The schema of fit/models.json (validated on read)."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int
+    k_max: int
+    linear: dict[str, Any]
+    linear_mape: dict[str, float]
+    piecewise: dict[str, dict[str, Any]]
+    piecewise_mape: dict[str, float]
+    prefill: dict[str, PrefillLine]
+    prefill_mape: dict[str, float | None]
+    sps: dict[str, list[float]]
+    sps_context: int
+    per_position_acceptance: dict[str, list[float]]
+    sts: dict[str, Any]
+    holdout: float
+    seed: int
+    points: dict[str, int]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A loaded fit: the latency model policies consult and the tables the simulator uses."""
+
+    models: FitModels
+
+    @property
+    def latency_model(self) -> LinearLatencyModel:
+        return LinearLatencyModel.from_dict(self.models.linear)
+
+    @property
+    def sps(self) -> tuple[list[int], list[float]]:
+        return [int(b) for b in self.models.sps["tokens"]], list(self.models.sps["values"])
+
+    @property
+    def piecewise(self) -> dict[str, PiecewiseLatency]:
+        return {k: PiecewiseLatency.from_dict(v) for k, v in self.models.piecewise.items()}
+
+    @property
+    def prefill(self) -> dict[str, PrefillLine]:
+        return self.models.prefill
+
+    @property
+    def sts(self) -> StsCalibration:
+        s = self.models.sts
+        return StsCalibration(list(s["temperatures"]), s["ece_before"], s["ece_after"])
+
+    @property
+    def per_position_acceptance(self) -> dict[str, list[float]]:
+        return self.models.per_position_acceptance
+
+
+def fit_linear_relative(rows: np.ndarray) -> LinearCoeffs:
+    """AdaSpec's (α, γ, δ) from rows [N_c, N_b, seconds], fitted for relative error.
+
+    Why not plain least squares (latency.fit_linear): it weighs the slowest shapes most and, on a
+    shared machine, lets one multi-second outlier drag δ negative, which wrecks the fast shapes. Here
+    residuals are relative (prediction/measured − 1, the quantity MAPE reports), the loss is soft-L1
+    (robust to the odd preempted measurement), and the coefficients are bounded at 0 (a pass cannot get
+    faster with more work). Plain relative least squares (scipy nnls) gives the starting point."""
+    from scipy.optimize import least_squares, nnls
+
+    data = np.asarray(rows, float)
+    design = np.column_stack([data[:, 0], data[:, 1], np.ones(len(data))]) / data[:, 2:3]
+    start, _ = nnls(design, np.ones(len(data)))
+    scale = np.maximum(start, 1e-12)  # optimise in units of the start so all three are O(1)
+    sol = least_squares(lambda th: design @ (th * scale) - 1.0, np.ones(3), bounds=(0.0, np.inf),
+                        loss="soft_l1", f_scale=0.1)
+    a, g, d = sol.x * scale
+    return LinearCoeffs(float(a), float(g), float(d))
+
+
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded (train, test) index split with HOLDOUT of the rows held out (at least one each side)."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = min(max(1, int(round(HOLDOUT * n))), n - 3)
+    return order[n_test:], order[:n_test]
+
+
+def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
+    """Linear, piecewise and prefill fits per model with held-out MAPE."""
+    out: dict[str, Any] = {"linear": {}, "linear_mape": {}, "piecewise": {}, "piecewise_mape": {}, "prefill": {},
+                           "prefill_mape": {}, "points": {}}
+    phase = latency["phase"] if "phase" in latency else pd.Series("decode", index=latency.index)
+    for model in ("draft", "target"):
+        rows = latency[(latency["model"] == model) & (phase == "decode")]
+        if len(rows) < 5:
+            raise InputError(f"the profile has {len(rows)} decode rows for the {model}; a fit needs at least 5",
+                             field="latency.parquet")
+        b, s, c, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
+        r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
+        train, test = _split(len(rows), seed)
+        design = np.column_stack([b * c, b * s, t])
+        coeffs = fit_linear_relative(design[train])
+        out["linear"][model] = coeffs
+        out["linear_mape"][model] = mape([coeffs.forward(nc, nb) for nc, nb, _ in design[test]], t[test])
+        kind = "draft" if model == "draft" else "target"
+        pw, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
+        out["piecewise"][model] = pw.to_dict()
+        out["piecewise_mape"][model] = mape(pw(b[test], s[test], r[test]), t[test])
+        out["points"][model] = len(rows)
+        pre = latency[(latency["model"] == model) & (phase == "prefill")]
+        n_tok = (pre["batch"] * pre["tokens"]).to_numpy(float)
+        if len(pre) >= 2 and len(np.unique(n_tok)) >= 2:
+            slope, icpt = np.polyfit(n_tok, pre["median_s"].to_numpy(float), 1)
+            line = PrefillLine(per_token_s=float(slope), fixed_s=float(icpt))
+            out["prefill_mape"][model] = mape([line.time(n) for n in n_tok], pre["median_s"])  # in-sample: few points
+        else:
+            # No prefill rows: price a prompt token like a token of a one-request decode pass (documented
+            # fallback, from the same linear fit).
+            line = PrefillLine(per_token_s=coeffs.gamma, fixed_s=coeffs.delta)
+            out["prefill_mape"][model] = None
+        out["prefill"][model] = line
+    return out
+
+
+def sps_table(latency: pd.DataFrame) -> tuple[list[int], list[float], int]:
+    """SPS(B) = 1 / target pass seconds at B = batch·tokens verification tokens, at the median context.
+
+    Shapes with the same B are averaged; the table is made non-increasing (a bigger pass never runs
+    more steps per second) so noise cannot invent a throughput bump that DSpark would chase."""
+    phase = latency["phase"] if "phase" in latency else pd.Series("decode", index=latency.index)
+    rows = latency[(latency["model"] == "target") & (phase == "decode")]
+    contexts = np.sort(rows["context"].unique())
+    ctx = int(contexts[(len(contexts) - 1) // 2])
+    at = rows[rows["context"] == ctx].assign(B=lambda d: d["batch"] * d["tokens"])
+    per_b = at.groupby("B")["median_s"].mean().sort_index()
+    values = np.minimum.accumulate(1.0 / per_b.to_numpy(float))
+    return [int(v) for v in per_b.index], [float(v) for v in values], ctx
+
+
+def per_position_acceptance(acceptance: pd.DataFrame, k_max: int) -> dict[str, list[float]]:
+    """P(m ≥ j) for j = 1..K_max per domain, and over all traces ("all")."""
+    out = {}
+    groups = list(acceptance.groupby("domain")) + [("all", acceptance)]
+    for domain, frame in groups:
+        m = frame["match_len"].to_numpy()
+        out[str(domain)] = [float(np.mean(m >= j)) for j in range(1, k_max + 1)]
+    return out
+
+
+def chain_matrix(acceptance: pd.DataFrame, column: str, k_max: int) -> np.ndarray:
+    """A list<float> column as an (N, K_max) float array."""
+    values = acceptance[column].to_numpy()
+    try:
+        mat = np.stack([np.asarray(v, dtype=float) for v in values])
+    except ValueError:
+        raise InputError(f"column {column} has chains of different lengths", field=column) from None
+    if mat.ndim != 2 or mat.shape[1] != k_max:
+        raise InputError(f"column {column} chains have length {mat.shape[-1]}, profile says K_max {k_max}",
+                         field=column)
+    return mat
+
+
+def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
+    """All fits from DIR/profile (see the module docstring); validates the inputs first."""
+    from autospec.artifacts import read_json
+    from autospec.config import SCHEMA_VERSION
+
+    prof = Path(run_dir) / "profile"
+    if not prof.is_dir():
+        raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=prof)
+    meta = read_json(prof / "profile.json")
+    latency = read_parquet(prof / "latency.parquet", LATENCY_COLUMNS)
+    acceptance = read_parquet(prof / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+    try:
+        k_max = int(meta["settings"]["k_max"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError("profile.json has no settings.k_max", path=prof / "profile.json") from None
+    lat = fit_latency(latency, seed)
+    tokens, values, ctx = sps_table(latency)
+    conf = chain_matrix(acceptance, "confidences", k_max)
+    sts = fit_sts(conf, acceptance["match_len"].to_numpy(float), holdout=HOLDOUT, seed=seed)
+    return FitModels(
+        schema_version=SCHEMA_VERSION, k_max=k_max,
+        linear=LinearLatencyModel(draft=lat["linear"]["draft"], target=lat["linear"]["target"]).to_dict(),
+        linear_mape=lat["linear_mape"], piecewise=lat["piecewise"], piecewise_mape=lat["piecewise_mape"],
+        prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],
+        sps={"tokens": [float(t) for t in tokens], "values": values}, sps_context=ctx,
+        per_position_acceptance=per_position_acceptance(acceptance, k_max),
+        sts={"temperatures": sts.temperatures, "ece_before": sts.ece_before, "ece_after": sts.ece_after,
+             "ece_before_by_position": sts.ece_before_by_position,
+             "ece_after_by_position": sts.ece_after_by_position},
+        holdout=HOLDOUT, seed=seed, points={**lat["points"], "acceptance": len(acceptance)})
+
+
+def write_fit(run_dir: Path, models: FitModels) -> Path:
+    from autospec.artifacts import write_json
+
+    path = Path(run_dir) / "fit" / "models.json"
+    write_json(path, models.model_dump(mode="json"))
+    return path
+
+
+def load_fit(run_dir: str | Path) -> FitResult:
+    """Read DIR/fit/models.json (DIR may also be the fit folder itself or the file)."""
+    from autospec.artifacts import read_json
+
+    p = Path(run_dir)
+    path = p if p.suffix == ".json" else (p / "models.json" if p.name == "fit" else p / "fit" / "models.json")
+    data = read_json(path)
+    try:
+        return FitResult(FitModels.model_validate(data))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise InputError(e["msg"], path=path, field=".".join(map(str, e["loc"]))) from None

@@ -1,0 +1,362 @@
+"""`autospec profile`: measure an engine's step costs and record acceptance traces (DESIGN.md, stage 1).
+
+Two records come out of a profile, both as parquet under `DIR/profile/`:
+
+* `latency.parquet` — median and MAD seconds of one forward pass of the draft and of the target over a
+  grid of batch × tokens-per-request × context (the shapes `verify` and `draft` run), plus a few
+  prefill shapes (context 0, many tokens) that price admission and a KV swap. Each row is measured
+  with `engine.time_forward` after a warm-up; the median (not the mean) is kept because a shared VM
+  has heavy-tailed noise.
+* `acceptance.parquet` — acceptance traces that let the simulator replay SD exactly at T=0 (DESIGN.md,
+  "sim"). For each prompt the target's greedy continuation `out` is generated; at every position t the
+  draft's greedy chain of K_max tokens from prompt + out[:t] is recorded with its confidences,
+  entropies, KL(target‖draft) per chain position, the T=1 acceptance probability of each chain token
+  and the match length m (leading chain tokens equal to out[t:t+K_max]).
+
+Chain computation is batched across positions: the draft runs once over the whole teacher-forced
+sequence (that forward's logits are every position's first chain token), its KV is copied to one cache
+slot per position, and each further chain step is one batched draft forward over all positions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from autospec.engines.base import GenRequest
+from autospec.errors import InputError
+
+if TYPE_CHECKING:  # torch is imported where it is used: `fit` and the simulator read profiles without it
+    import torch
+
+    from autospec.engines.torch_engine import TorchSDEngine
+
+LATENCY_COLUMNS = ["model", "phase", "batch", "tokens", "context", "sm_split", "median_s", "mad_s", "repeats"]
+ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_len", "chain_tokens",
+                      "confidences", "entropies", "klds", "target_probs", "accept_probs"]
+
+
+class ProfileSettings(BaseModel):
+    """The measurement grid and trace sizes; stored in profile.json so a fit knows what was measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k_max: int = Field(8, ge=1, le=32)
+    batches: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
+    contexts: list[int] = Field(default_factory=lambda: [64, 256, 512, 1024])
+    prefill_tokens: list[int] = Field(default_factory=lambda: [32, 128, 256, 512])
+    repeats: int = Field(7, ge=1)
+    warmup: int = Field(2, ge=0)
+    prompts_per_domain: int = Field(16, ge=1)
+    trace_tokens: int = Field(128, ge=2)  # positions per acceptance trace (the target generates K_max more)
+    max_prompt_tokens: int = Field(256, ge=1)  # longer prompts keep their last tokens
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, k_max: int = 8) -> "ProfileSettings":
+        """A grid small enough for a 2-core CPU in well under three minutes."""
+        return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256],
+                   repeats=5, warmup=2, prompts_per_domain=6, trace_tokens=48, max_prompt_tokens=128)
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    prompt_id: str
+    domain: str
+    ids: list[int]
+
+
+Progress = Callable[[str, int], None]  # (task name, units done) — the CLI wires this to rich
+
+
+def _mad(values: Sequence[float]) -> float:
+    v = np.asarray(values, float)
+    return float(np.median(np.abs(v - np.median(v))))
+
+
+def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, int]]:
+    """(model, phase, batch, tokens, context) for every shape to time, in measuring order."""
+    shapes = []
+    for context in settings.contexts:
+        for batch in settings.batches:
+            for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
+                shapes.append(("target", "decode", batch, tokens, context))
+            shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
+    for tokens in settings.prefill_tokens:
+        for model in ("target", "draft"):
+            shapes.append((model, "prefill", 1, tokens, 0))
+    return shapes
+
+
+def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
+                    advance: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Time every grid shape (median and MAD over `repeats` after `warmup`)."""
+    rows = []
+    for model, phase, batch, tokens, context in latency_grid(settings):
+        times = engine.time_forward(model, batch, tokens, context, repeats=settings.repeats, warmup=settings.warmup)
+        rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": context,
+                     "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": _mad(times),
+                     "repeats": len(times)})
+        if advance is not None:
+            advance(1)
+    return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
+
+
+def greedy_continuations(engine: TorchSDEngine, prompts: Sequence[Sequence[int]], n_tokens: int,
+                         batch_size: int = 16) -> list[list[int]]:
+    """The target's greedy continuation of `n_tokens` tokens per prompt (plain decoding, EOS ignored so
+    every trace has the same length; the simulator takes output lengths from the workload)."""
+    outs: list[list[int]] = []
+    for first in range(0, len(prompts), batch_size):
+        chunk = prompts[first: first + batch_size]
+        res = engine.add([GenRequest(list(p), n_tokens, ignore_eos=True) for p in chunk])
+        live = [rid for rid, fin in zip(res.req_ids, res.finished) if not fin]
+        while live:
+            outcome = engine.verify({rid: 0 for rid in live})
+            live = [rid for rid, fin in zip(outcome.req_ids, outcome.finished) if not fin]
+        outs.extend(engine.output(rid) for rid in res.req_ids)
+        engine.remove(res.req_ids)
+    return outs
+
+
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    from autospec.engines.torch_engine import KL_CLAMP
+
+    return -(probs * (probs.clamp_min(KL_CLAMP)).log()).sum(-1)
+
+
+def trace_prompt(engine: TorchSDEngine, prompt: Sequence[int], out: Sequence[int], n_positions: int,
+                 k_max: int) -> dict[str, np.ndarray]:
+    """Acceptance trace of one prompt: arrays indexed [position] or [position, chain step].
+
+    `out` is the target's greedy continuation with at least n_positions + k_max tokens, so every chain
+    position has the target distribution it is compared against."""
+    import torch
+
+    with torch.inference_mode():
+        return _trace_prompt(engine, prompt, out, n_positions, k_max)
+
+
+def _trace_prompt(engine: TorchSDEngine, prompt: Sequence[int], out: Sequence[int], n_positions: int,
+                  k_max: int) -> dict[str, np.ndarray]:
+    import torch
+
+    from autospec.engines.torch_engine import KL_CLAMP
+
+    target, draft = engine.target, engine.draft_model
+    dev = engine.device
+    P = len(prompt)
+    seq = torch.tensor(list(prompt) + list(out[: n_positions + k_max]), dtype=torch.long, device=dev)[None]
+    L = seq.shape[1]
+    one = torch.zeros(1, dtype=torch.long, device=dev)
+    q_len = torch.tensor([L], dtype=torch.long, device=dev)
+    rows0 = torch.zeros(1, dtype=torch.long, device=dev)
+
+    # Target distributions over the teacher-forced sequence: logits at P-1+i predict out[i].
+    t_cache = target.new_cache()
+    t_cache.ensure(1, L + 1)
+    t_logits = target.forward(seq, t_cache, rows0, one, q_len)[0, P - 1: P - 1 + n_positions + k_max - 1].float()
+    p_target = torch.softmax(t_logits, -1)  # [n_positions + k_max - 1, V]; row i is the distribution of out[i]
+
+    # Draft over the same sequence: its logits give every position's first chain token, and its KV is the
+    # prefix every chain starts from (causal, so slot t may hold the whole sequence and use only P+t).
+    d_cache = draft.new_cache()
+    d_cache.ensure(n_positions, L + k_max + 1)
+    d_logits = draft.forward(seq, d_cache, rows0, one, q_len)[0, P - 1: P - 1 + n_positions].float()
+    d_cache.data[:, :, 1:n_positions] = d_cache.data[:, :, 0:1]
+
+    rows = torch.arange(n_positions, device=dev)
+    positions = torch.arange(n_positions, device=dev)
+    ones = torch.ones(n_positions, dtype=torch.long, device=dev)
+    chain = torch.zeros(n_positions, k_max, dtype=torch.long, device=dev)
+    conf = torch.zeros(n_positions, k_max)
+    ent = torch.zeros(n_positions, k_max)
+    kld = torch.zeros(n_positions, k_max)
+    tprob = torch.zeros(n_positions, k_max)
+    logits = d_logits
+    for j in range(k_max):
+        if j > 0:
+            lens = P + positions + (j - 1)  # slot t holds prompt + out[:t] + chain[:j-1]
+            logits = draft.forward(chain[:, j - 1: j], d_cache, rows, lens, ones)[:, 0].float()
+        q = torch.softmax(logits, -1)
+        tok = logits.argmax(-1)
+        chain[:, j] = tok
+        p = p_target[positions + j]  # the target's distribution at the matching position of its own output
+        conf[:, j] = q.gather(1, tok[:, None])[:, 0]
+        ent[:, j] = _entropy(q)
+        kld[:, j] = (p * (torch.log(p.clamp_min(KL_CLAMP)) - torch.log(q.clamp_min(KL_CLAMP)))).sum(-1)
+        tprob[:, j] = p.gather(1, tok[:, None])[:, 0]
+    out_t = torch.tensor(list(out[: n_positions + k_max]), dtype=torch.long, device=dev)
+    expected = torch.stack([out_t[j: j + n_positions] for j in range(k_max)], dim=1)  # out[t+j]
+    match = (chain == expected).long().cumprod(dim=1).sum(dim=1)
+    # T=1 replay: accept the draft's token x with probability min(1, p_t(x) / p_d(x)).
+    accept = torch.clamp(tprob / conf.clamp_min(KL_CLAMP), max=1.0)
+    return {"target_token": out_t[:n_positions].cpu().numpy(), "match_len": match.cpu().numpy(),
+            "chain_tokens": chain.cpu().numpy(), "confidences": conf.numpy(), "entropies": ent.numpy(),
+            "klds": kld.numpy(), "target_probs": tprob.numpy(), "accept_probs": accept.numpy()}
+
+
+def record_acceptance(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], settings: ProfileSettings,
+                      advance: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Acceptance traces for every prompt (see the module docstring)."""
+    if engine.draft_model is None:
+        raise InputError("profiling acceptance needs a draft model", field="draft")
+    k = settings.k_max
+    n = settings.trace_tokens
+    ids = [p.ids[-settings.max_prompt_tokens:] for p in prompts]
+    outs = greedy_continuations(engine, ids, n + k)
+    if advance is not None:
+        advance(len(prompts))
+    frames = []
+    for prompt, pid, out in zip(prompts, ids, outs):
+        tr = trace_prompt(engine, pid, out, n, k)
+        frames.append(pd.DataFrame({
+            "prompt_id": prompt.prompt_id, "domain": prompt.domain, "position": np.arange(n, dtype=np.int32),
+            "target_token": tr["target_token"].astype(np.int32), "match_len": tr["match_len"].astype(np.int16),
+            **{c: list(tr[c].astype(np.int32 if c == "chain_tokens" else np.float32))
+               for c in ("chain_tokens", "confidences", "entropies", "klds", "target_probs", "accept_probs")}}))
+        if advance is not None:
+            advance(1)
+    return pd.concat(frames, ignore_index=True)[ACCEPTANCE_COLUMNS]
+
+
+def gpu_telemetry() -> dict[str, Any]:
+    """Device state through NVML (nvidia-ml-py): name, memory, clocks, power, temperature, per GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "nvidia-ml-py (pynvml) is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"available": False, "reason": f"NVML could not start: {exc}"}
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({
+                "index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                "memory_total_bytes": int(mem.total), "memory_used_bytes": int(mem.used),
+                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                "utilization_gpu_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+            })
+        return {"available": True, "gpus": gpus}
+    except pynvml.NVMLError as exc:
+        return {"available": False, "reason": f"NVML query failed: {exc}"}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# --- parquet with a schema_version ---------------------------------------------------------------------
+
+SCHEMA_KEY = b"autospec_schema_version"
+
+
+def write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    """Write a parquet file atomically (temp name + rename) with schema_version in its metadata."""
+    import os
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autospec.config import SCHEMA_VERSION
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_parquet(path: Path, required: Sequence[str]) -> pd.DataFrame:
+    """Read a profile parquet, refusing a missing/corrupt file, an unknown schema_version or missing columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autospec.config import SCHEMA_VERSION
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found (run `autospec profile` first)", path=path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                         path=path) from None
+    version = (table.schema.metadata or {}).get(SCHEMA_KEY)
+    if version is None or version.decode() != str(SCHEMA_VERSION):
+        shown = None if version is None else version.decode()
+        raise InputError(f"schema_version {shown!r} is not supported (this autospec reads {SCHEMA_VERSION})",
+                         path=path, field="schema_version")
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise InputError(f"missing columns: {', '.join(missing)}", path=path)
+    if table.num_rows == 0:
+        raise InputError("no rows", path=path)
+    return table.to_pandas()
+
+
+@dataclass
+class ProfileResult:
+    latency: pd.DataFrame
+    acceptance: pd.DataFrame
+    telemetry: dict[str, Any]
+    wall_s: float
+
+
+def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], settings: ProfileSettings,
+                progress: Callable[[str, int], Callable[[int], None]] | None = None) -> ProfileResult:
+    """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback."""
+    if not prompts:
+        raise InputError("no prompts to profile", field="prompts")
+    if engine.draft_model is None:
+        raise InputError("profiling needs a draft model", field="draft")
+    if engine.temperature != 0:
+        raise InputError("profiling records the greedy (T=0) traces; build the engine with temperature 0",
+                         field="temperature")
+    start = time.perf_counter()
+    import torch
+
+    telemetry: dict[str, Any] = {"before": gpu_telemetry()}
+    torch.manual_seed(settings.seed)
+    lat_cb = progress("latency grid", len(latency_grid(settings))) if progress else None
+    latency = measure_latency(engine, settings, lat_cb)
+    acc_cb = progress("acceptance traces", 2 * len(prompts)) if progress else None
+    acceptance = record_acceptance(engine, prompts, settings, acc_cb)
+    telemetry["after"] = gpu_telemetry()
+    telemetry["available"] = bool(telemetry["before"].get("available"))
+    if not telemetry["available"]:
+        telemetry["reason"] = telemetry["before"].get("reason")
+    return ProfileResult(latency, acceptance, telemetry, time.perf_counter() - start)
+
+
+def write_profile(run_dir: Path, result: ProfileResult, settings: ProfileSettings, extra: dict[str, Any]) -> None:
+    """Write DIR/profile/{latency,acceptance}.parquet, telemetry.json and profile.json (all atomic)."""
+    from autospec.artifacts import write_json
+
+    prof = Path(run_dir) / "profile"
+    write_parquet(prof / "latency.parquet", result.latency)
+    write_parquet(prof / "acceptance.parquet", result.acceptance)
+    write_json(prof / "telemetry.json", result.telemetry)
+    write_json(prof / "profile.json", {"settings": settings.model_dump(), "wall_s": result.wall_s,
+                                       "latency_rows": len(result.latency),
+                                       "acceptance_rows": len(result.acceptance), **extra})

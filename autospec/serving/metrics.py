@@ -1,0 +1,153 @@
+"""Serving metrics from the loop's records (or the parquet files they are written to), and bootstrap CIs.
+
+Definitions (times in seconds, per request unless pooled):
+
+* TTFT  = first_token_s − arrival_s (queueing + prefill).
+* TPOT  = (finish_s − first_token_s) / (output_len − 1); requests with one output token have none.
+* ITL   = gap between successive token *emissions* of a request, pooled over requests. An SD step that
+          commits several tokens emits them at once (as a streaming server would send them), so the
+          gap is measured between steps that committed something, not per token (that would be 0).
+* E2E   = finish_s − arrival_s.
+* Each of these is summarised as mean, p50, p90, p99 (numpy's linear-interpolation percentiles).
+* throughput_tok_s = output tokens / makespan, makespan = last finish − first arrival.
+* A request meets the SLO when TTFT ≤ slo.ttft_s and TPOT ≤ slo.tpot_s (a one-token request has no
+  TPOT and only needs the TTFT); slo_attainment is the fraction that do, goodput the number that do
+  per second of makespan (DistServe's definition).
+* accepted_per_step = mean accepted draft tokens per request per SD step; committed_per_step adds the
+  bonus/correction token (the "τ" of the SD papers).
+* acceptance_rate = Σ accepted / Σ verified; None when nothing was verified (no-SD).
+* per-position acceptance α_j = P(draft j accepted | draft j verified and drafts 1..j−1 accepted):
+  the chance a verified draft at position j survives once verification reaches it.
+* speedup_vs_no_sd = throughput_tok_s / the no-SD run's throughput_tok_s (same repeat index).
+
+Across repeats every metric is a list of per-repeat values; `bootstrap_ci` gives their mean and a 95%
+percentile-bootstrap CI of that mean (scipy.stats.bootstrap). With one repeat the CI is the value
+itself: there is no spread to resample.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+
+
+class Slo(BaseModel):
+    """Latency SLO a request must meet to count towards goodput."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttft_s: float = Field(gt=0)
+    tpot_s: float = Field(gt=0)
+
+
+def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {f"{name}_mean": None, **{f"{name}_p{p}": None for p in PERCENTILES}}
+    out: dict[str, float | None] = {f"{name}_mean": float(values.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES)):
+        out[f"{name}_p{p}"] = float(v)
+    return out
+
+
+def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT and E2E per request (NaN TPOT for one-token outputs)."""
+    n = requests["output_len"].to_numpy()
+    first = requests["first_token_s"].to_numpy(dtype=float)
+    finish = requests["finish_s"].to_numpy(dtype=float)
+    arrival = requests["arrival_s"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n > 1, (finish - first) / np.maximum(n - 1, 1), np.nan)
+    return pd.DataFrame({"ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": finish - arrival},
+                        index=requests.index)
+
+
+def inter_token_latencies(token_times: Iterable[Sequence[float]]) -> np.ndarray:
+    """Gaps between successive emissions of each request, pooled (see the module docstring)."""
+    times = [np.asarray(t, dtype=float) for t in token_times]
+    if not times:
+        return np.empty(0)
+    flat = np.concatenate(times)
+    owner = np.repeat(np.arange(len(times)), [len(t) for t in times])
+    gaps = np.diff(flat)
+    same = owner[1:] == owner[:-1]
+    return gaps[same & (gaps > 0)]
+
+
+def per_position_acceptance(steps: pd.DataFrame, k_max: int | None = None) -> list[float | None]:
+    """α_j for j = 1..max verified (see the module docstring); None where no draft reached j."""
+    if len(steps) == 0:
+        return []
+    ver = np.fromiter(chain_lists(steps["l"]), dtype=np.int64)
+    acc = np.fromiter(chain_lists(steps["accepted"]), dtype=np.int64)
+    top = int(ver.max(initial=0)) if k_max is None else k_max
+    out: list[float | None] = []
+    for j in range(1, top + 1):
+        reached = np.count_nonzero((ver >= j) & (acc >= j - 1))
+        out.append(float(np.count_nonzero(acc >= j) / reached) if reached else None)
+    return out
+
+
+def chain_lists(column: Iterable[Sequence[int]]) -> Iterable[int]:
+    for values in column:
+        yield from values
+
+
+def compute_metrics(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo) -> dict[str, float | None]:
+    """Every scalar metric of one run (module docstring); None where a metric is undefined."""
+    lat = per_request_latencies(requests)
+    out: dict[str, float | None] = {}
+    out.update(_summary("ttft", lat["ttft_s"].to_numpy()))
+    out.update(_summary("tpot", lat["tpot_s"].dropna().to_numpy()))
+    out.update(_summary("itl", inter_token_latencies(requests["token_times"])))
+    out.update(_summary("e2e", lat["e2e_s"].to_numpy()))
+    tokens = int(requests["output_len"].sum())
+    makespan = float(requests["finish_s"].max() - requests["arrival_s"].min()) if len(requests) else 0.0
+    ok = (lat["ttft_s"] <= slo.ttft_s) & (lat["tpot_s"].isna() | (lat["tpot_s"] <= slo.tpot_s))
+    out["requests"] = float(len(requests))
+    out["output_tokens"] = float(tokens)
+    out["makespan_s"] = makespan
+    out["throughput_tok_s"] = tokens / makespan if makespan > 0 else None
+    out["request_throughput"] = len(requests) / makespan if makespan > 0 else None
+    out["goodput"] = float(ok.sum()) / makespan if makespan > 0 else None
+    out["slo_attainment"] = float(ok.mean()) if len(requests) else None
+    ver = np.fromiter(chain_lists(steps["l"]), dtype=np.int64) if len(steps) else np.empty(0, np.int64)
+    acc = np.fromiter(chain_lists(steps["accepted"]), dtype=np.int64) if len(steps) else np.empty(0, np.int64)
+    request_steps = ver.size
+    out["steps"] = float(len(steps))
+    out["mean_batch"] = float(steps["batch"].mean()) if len(steps) else None
+    out["accepted_per_step"] = float(acc.sum() / request_steps) if request_steps else None
+    out["committed_per_step"] = float(steps["committed"].sum() / request_steps) if request_steps else None
+    out["acceptance_rate"] = float(acc.sum() / ver.sum()) if ver.sum() > 0 else None
+    out["preemptions"] = float(requests["preemptions"].sum())
+    return out
+
+
+def bootstrap_ci(values: Sequence[float | None], *, confidence: float = 0.95, n_resamples: int = 2000,
+                 seed: int = 0) -> dict[str, float | None]:
+    """Mean of the per-repeat values and a percentile-bootstrap CI of the mean.
+
+    None values (a metric undefined in that repeat) are left out; all None gives None everywhere.
+    """
+    data = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    if data.size == 0:
+        return {"mean": None, "ci_low": None, "ci_high": None}
+    mean = float(data.mean())
+    if data.size == 1 or np.all(data == data[0]):
+        return {"mean": mean, "ci_low": mean, "ci_high": mean}
+    from scipy.stats import bootstrap
+
+    res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
+                    random_state=np.random.default_rng(seed))
+    return {"mean": mean, "ci_low": float(res.confidence_interval.low), "ci_high": float(res.confidence_interval.high)}
+
+
+def summarize_repeats(per_repeat: Sequence[Mapping[str, float | None]], **kwargs: Any) -> dict[str, dict]:
+    """{metric: {mean, ci_low, ci_high}} over the repeats' metric dicts."""
+    names = list(dict.fromkeys(k for m in per_repeat for k in m))
+    return {name: bootstrap_ci([m.get(name) for m in per_repeat], **kwargs) for name in names}

@@ -1,0 +1,114 @@
+"""Simulator speed: host wall seconds to replay a 20,000-request synthetic workload through the serving
+loop on the sim engine under one strategy (static-k4). Goal (issue 4): <= 10 s on a 2-core CPU.
+
+    python benchmarks/sim_speed.py [--run DIR] [--requests 20000] [--out benchmarks/results/sim_speed.json]
+
+The simulator needs a profile: `--run DIR` names a run directory from `autospec profile` (+ `autospec
+fit`; fitted in memory when absent). Without it a quick profile of the bundled pair is made in a
+temporary folder first (not timed). The workload is chat-like: Poisson arrivals, lognormal prompt
+(mean 256) and output (mean 200) lengths. Its rate is set to 90% of the simulated engine's capacity at
+the chosen batch size, computed from the fitted latency model and the traces' acceptance, so batches
+stay full without an unbounded queue (a queue of thousands would time the schedule policy, not the sim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MEAN_PROMPT = 256
+MEAN_OUTPUT = 200
+STRATEGY = "static-k4"
+K = 4
+
+
+def ensure_profile(run: Path | None) -> tuple[Path, float | None]:
+    if run is not None:
+        return run, None
+    tmp = Path(tempfile.mkdtemp(prefix="autospec-sim-speed-"))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "autospec", "profile", "--out", str(tmp), "--quick"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return tmp, time.perf_counter() - t0
+
+
+def capacity_rate(engine, batch: int) -> float:
+    """Requests/s the simulated engine sustains at `batch` with static K (from its own cost model)."""
+    acc = np.asarray([min(K, m) for m in engine.traces.match], float).mean()
+    context = batch * (MEAN_PROMPT + MEAN_OUTPUT / 2)
+    lm = engine.latency_model
+    step_s = lm.draft_time(batch, context, K) + lm.verify_time(batch, context, K + 1)
+    tokens_per_s = batch * (acc + 1) / step_s
+    return tokens_per_s / MEAN_OUTPUT
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, default=None, help="run directory with profile/ (and fit/)")
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
+    args = ap.parse_args()
+
+    from autospec.engines.sim import SimEngine
+    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.step import StepSettings
+    from autospec.strategy import build_strategy, load_preset
+    from autospec.workloads.synthetic import lognormal_lengths
+
+    run, profile_s = ensure_profile(args.run)
+    t0 = time.perf_counter()
+    engine = SimEngine.from_dirs(run, seed=args.seed)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(args.seed)
+    n = args.requests
+    rate = 0.9 * capacity_rate(engine, args.batch)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    prompt_len = lognormal_lengths(MEAN_PROMPT, n, rng)
+    output_len = lognormal_lengths(MEAN_OUTPUT, n, rng)
+    requests = [ServeRequest(i, float(a), SyntheticPrompt(int(p), 4096, i), int(o), "chat")
+                for i, (a, p, o) in enumerate(zip(arrivals, prompt_len, output_len))]
+    strategy = build_strategy(load_preset(STRATEGY))
+    settings = StepSettings(k_max=engine.k_max, latency_model=engine.latency_model)
+    t0 = time.perf_counter()
+    records = serve(engine, strategy, requests, max_batch=args.batch, settings=settings)
+    wall = time.perf_counter() - t0
+    steps = len(records.steps.batch)
+    generated = int(sum(records.steps.committed) + n)  # + each request's prefill token
+    result = {
+        "benchmark": "sim_speed",
+        "requests": n,
+        "strategy": STRATEGY,
+        "max_batch": args.batch,
+        "mean_prompt_tokens": float(prompt_len.mean()),
+        "mean_output_tokens": float(output_len.mean()),
+        "arrival_rate_per_s": rate,
+        "wall_s": wall,
+        "goal_wall_s": 10.0,
+        "meets_goal": wall <= 10.0,
+        "engine_load_s": load_s,
+        "profile_s": profile_s,
+        "steps": steps,
+        "mean_batch": float(np.mean(records.steps.batch)) if steps else 0.0,
+        "generated_tokens": generated,
+        "simulated_s": engine.now(),
+        "steps_per_wall_s": steps / wall if wall else None,
+        "request_steps_per_wall_s": float(np.sum(records.steps.batch)) / wall if wall else None,
+        "profile_run": str(run),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Synthetic profiles with known ground truth, shared by the stage tests (profile → fit → sim)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autospec.artifacts import write_json
+from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, write_parquet
+
+# Known AdaSpec coefficients (alpha s/context token, gamma s/batch token, delta s/pass) and prefill lines.
+TRUE = {"draft": (2e-7, 3e-5, 1.5e-3), "target": (1.1e-6, 2.4e-4, 9e-3)}
+PREFILL = {"draft": (4e-6, 1e-3), "target": (3e-5, 8e-3)}
+K_MAX = 4
+
+
+def synthetic_latency(noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for model, (a, g, d) in TRUE.items():
+        for batch in (1, 2, 4, 8):
+            for context in (32, 128, 512):
+                for tokens in (range(1, K_MAX + 2) if model == "target" else (1,)):
+                    t = a * batch * context + g * batch * tokens + d
+                    t *= 1 + noise * rng.standard_normal()
+                    rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
+                                 "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
+        per, fixed = PREFILL[model]
+        for tokens in (32, 128, 256):
+            rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
+                         "sm_split": np.nan, "median_s": per * tokens + fixed, "mad_s": 0.0, "repeats": 5})
+    return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
+
+
+def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: float = 2.5,
+                         seed: int = 0) -> pd.DataFrame:
+    """Traces whose draft is overconfident: P(accept token j) = σ(logit(c_j) / temperature)."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for i in range(n_prompts):
+        conf = rng.uniform(0.05, 0.999, (positions, K_MAX))
+        z = np.log(conf) - np.log1p(-conf)
+        accept = rng.random((positions, K_MAX)) < 1 / (1 + np.exp(-z / temperature))
+        match = np.cumprod(accept, axis=1).sum(axis=1)
+        frames.append(pd.DataFrame({
+            "prompt_id": f"p{i}", "domain": ("code", "chat")[i % 2], "position": np.arange(positions),
+            "target_token": rng.integers(0, 100, positions), "match_len": match,
+            "chain_tokens": list(rng.integers(100, 200, (positions, K_MAX))),
+            "confidences": list(conf), "entropies": list(rng.uniform(0, 3, (positions, K_MAX))),
+            "klds": list(rng.uniform(0, 2, (positions, K_MAX))),
+            "target_probs": list(rng.uniform(0, 1, (positions, K_MAX))),
+            "accept_probs": list(rng.uniform(0, 1, (positions, K_MAX)))}))
+    return pd.concat(frames, ignore_index=True)[ACCEPTANCE_COLUMNS]
+
+
+def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0) -> Path:
+    prof = root / "profile"
+    write_parquet(prof / "latency.parquet", synthetic_latency(noise))
+    write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
+    write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}})
+    return root

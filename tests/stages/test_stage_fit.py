@@ -1,0 +1,120 @@
+"""`autospec fit`: recovers known coefficients, calibrates confidences, refuses bad profiles cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autospec.cli import app
+from autospec.errors import InputError
+from autospec.fit import fit_profile, load_fit, write_fit
+from autospec.policies.dspark import table_sps
+from stage_helpers import K_MAX, PREFILL, TRUE, synthetic_acceptance, write_synthetic_run
+
+runner = CliRunner()
+
+
+def test_fit_recovers_known_coefficients_with_zero_mape(tmp_path):
+    run = write_synthetic_run(tmp_path)
+    models = fit_profile(run)
+    for name, (a, g, d) in TRUE.items():
+        c = models.linear[name]
+        assert c["alpha"] == pytest.approx(a, rel=1e-6)
+        assert c["gamma"] == pytest.approx(g, rel=1e-6)
+        assert c["delta"] == pytest.approx(d, rel=1e-6)
+        assert models.linear_mape[name] < 1e-9
+        assert models.prefill[name].per_token_s == pytest.approx(PREFILL[name][0], rel=1e-6)
+    # FASER's target load has no context term: on data with a context term it is an approximation
+    assert 0.0 < models.piecewise_mape["target"] < 1.0
+    # SPS: one value per B, positive, never increasing with B, and usable by DSpark's table_sps
+    assert models.sps["tokens"] == sorted(models.sps["tokens"]) and all(v > 0 for v in models.sps["values"])
+    assert all(b >= a for a, b in zip(models.sps["values"][1:], models.sps["values"]))
+    table_sps(models.sps["tokens"], models.sps["values"])(3)
+
+
+def test_fit_is_robust_to_measurement_noise(tmp_path):
+    models = fit_profile(write_synthetic_run(tmp_path, noise=0.03))
+    assert models.linear_mape["target"] < 0.08 and models.linear_mape["draft"] < 0.08
+
+
+def test_per_position_acceptance_and_sts(tmp_path):
+    acc = synthetic_acceptance(n_prompts=30, positions=60)
+    models = fit_profile(write_synthetic_run(tmp_path, acc))
+    for domain, frame in list(acc.groupby("domain")) + [("all", acc)]:
+        want = [float(np.mean(frame["match_len"] >= j)) for j in range(1, K_MAX + 1)]
+        assert models.per_position_acceptance[domain] == pytest.approx(want)
+    assert all(b <= a for a, b in zip(models.per_position_acceptance["all"], models.per_position_acceptance["all"][1:]))
+    sts = models.sts
+    assert len(sts["temperatures"]) == K_MAX
+    # the draft is overconfident by construction: STS must cut the held-out ECE substantially
+    assert sts["ece_after"] < 0.6 * sts["ece_before"]
+    assert sts["temperatures"][0] > 1.0
+
+
+def test_cli_fit_writes_models_json_and_load_fit_round_trips(tmp_path):
+    run = write_synthetic_run(tmp_path)
+    res = runner.invoke(app, ["fit", str(run)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run / "fit" / "models.json").read_text())
+    assert data["schema_version"] == 1
+    assert {"linear", "linear_mape", "piecewise", "piecewise_mape", "sps", "per_position_acceptance",
+            "sts"} <= set(data)
+    assert set(data["sts"]) >= {"temperatures", "ece_before", "ece_after"}
+    fit = load_fit(run)
+    assert fit.latency_model.target.alpha == pytest.approx(TRUE["target"][0], rel=1e-6)
+    assert fit.latency_model.verify_time(2, 256, 3) == pytest.approx(
+        TRUE["target"][0] * 256 + TRUE["target"][1] * 6 + TRUE["target"][2], rel=1e-6)
+    tokens, values = fit.sps
+    assert len(tokens) == len(values) > 1
+    assert fit.sts.temperatures == data["sts"]["temperatures"]
+
+
+def _one_line_error(res) -> str:
+    assert res.exit_code == 2, res.output
+    text = res.stderr.strip()
+    assert text.startswith("error:") and "\n" not in text and "Traceback" not in res.output
+    return text
+
+
+def test_fit_bad_inputs_fail_with_one_line(tmp_path):
+    assert "profile" in _one_line_error(runner.invoke(app, ["fit", str(tmp_path / "missing")]))
+    run = write_synthetic_run(tmp_path / "corrupt")
+    (run / "profile" / "latency.parquet").write_bytes(b"not parquet at all")
+    assert "parquet" in _one_line_error(runner.invoke(app, ["fit", str(run)]))
+    assert not (run / "fit").exists(), "no half-written artifacts"
+    run = write_synthetic_run(tmp_path / "version")
+    meta = json.loads((run / "profile" / "profile.json").read_text())
+    (run / "profile" / "profile.json").write_text(json.dumps({**meta, "schema_version": 99}))
+    assert "schema_version" in _one_line_error(runner.invoke(app, ["fit", str(run)]))
+    assert not (run / "fit").exists()
+
+
+def test_parquet_schema_version_and_columns_are_checked(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autospec.profile import read_parquet
+
+    run = write_synthetic_run(tmp_path)
+    path = run / "profile" / "latency.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({b"autospec_schema_version": b"99"}), path)
+    with pytest.raises(InputError, match="schema_version"):
+        fit_profile(run)
+    pq.write_table(pa.table({"model": ["draft"]}).replace_schema_metadata({b"autospec_schema_version": b"1"}), path)
+    with pytest.raises(InputError, match="missing columns"):
+        read_parquet(path, ["model", "batch"])
+
+
+def test_load_fit_refuses_bad_models_json(tmp_path):
+    run = write_synthetic_run(tmp_path)
+    write_fit(run, fit_profile(run))
+    path = run / "fit" / "models.json"
+    data = json.loads(path.read_text())
+    del data["linear"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="linear"):
+        load_fit(run)

@@ -1,0 +1,108 @@
+"""`autospec profile` on a tiny random pair: schema of every artifact, and traces that agree with the
+real engine (the match length is what the torch engine accepts at T=0)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autospec.cli import app
+from autospec.engines.base import GenRequest
+from autospec.engines.torch_engine import TorchSDEngine
+from autospec.errors import InputError
+from autospec.profile import (ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, EncodedPrompt, ProfileSettings, latency_grid,
+                              read_parquet, run_profile, write_profile)
+
+SETTINGS = ProfileSettings(k_max=3, batches=[1, 2], contexts=[8, 24], prefill_tokens=[8, 16], repeats=2, warmup=1,
+                           prompts_per_domain=2, trace_tokens=10, max_prompt_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_pair, tmp_path_factory):
+    target, draft = tiny_pair
+    engine = TorchSDEngine(target, draft, k_max=SETTINGS.k_max)
+    rng = np.random.default_rng(0)
+    prompts = [EncodedPrompt(f"{d}#{i}", d, rng.integers(0, 5, int(rng.integers(3, 20))).tolist())
+               for d in ("code", "math") for i in range(2)]
+    calls = []
+
+    def progress(name, total):
+        calls.append([name, total, 0])
+        return lambda n: calls[-1].__setitem__(2, calls[-1][2] + n)
+
+    result = run_profile(engine, prompts, SETTINGS, progress)
+    run = tmp_path_factory.mktemp("profile_run")
+    write_profile(run, result, SETTINGS, {"device": "cpu"})
+    return run, result, engine, prompts, calls
+
+
+def test_profile_artifacts_have_the_schema(profiled):
+    run, result, _, prompts, calls = profiled
+    lat = read_parquet(run / "profile" / "latency.parquet", LATENCY_COLUMNS)
+    assert list(lat.columns) == LATENCY_COLUMNS
+    assert len(lat) == len(latency_grid(SETTINGS))
+    target = lat[(lat.model == "target") & (lat.phase == "decode")]
+    assert sorted(target.tokens.unique()) == list(range(1, SETTINGS.k_max + 2))
+    assert set(lat[lat.model == "draft"].query("phase == 'decode'").tokens) == {1}
+    assert (lat.median_s > 0).all() and (lat.mad_s >= 0).all() and (lat.repeats == SETTINGS.repeats).all()
+    assert lat.sm_split.isna().all()
+    acc = read_parquet(run / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+    assert list(acc.columns) == ACCEPTANCE_COLUMNS
+    assert len(acc) == len(prompts) * SETTINGS.trace_tokens
+    for col in ("chain_tokens", "confidences", "entropies", "klds", "target_probs", "accept_probs"):
+        assert all(len(v) == SETTINGS.k_max for v in acc[col])
+    conf = np.stack(acc.confidences.to_numpy())
+    assert ((conf > 0) & (conf <= 1)).all()
+    ap = np.stack(acc.accept_probs.to_numpy())
+    assert ((ap >= 0) & (ap <= 1)).all()
+    assert ((acc.match_len >= 0) & (acc.match_len <= SETTINGS.k_max)).all()
+    tele = json.loads((run / "profile" / "telemetry.json").read_text())
+    assert isinstance(tele["available"], bool) and (tele["available"] or tele["reason"])
+    meta = json.loads((run / "profile" / "profile.json").read_text())
+    assert meta["schema_version"] == 1 and meta["settings"]["k_max"] == SETTINGS.k_max
+    assert [c[0] for c in calls] == ["latency grid", "acceptance traces"] and all(c[1] == c[2] for c in calls)
+
+
+def test_match_len_is_what_the_engine_accepts(profiled, tiny_pair):
+    _, result, _, prompts, _ = profiled
+    target, draft = tiny_pair
+    engine = TorchSDEngine(target, draft, k_max=SETTINGS.k_max)
+    acc = result.acceptance
+    checked = 0
+    for prompt in prompts[:2]:
+        rows = acc[acc.prompt_id == prompt.prompt_id].sort_values("position")
+        out = rows.target_token.tolist()
+        ids = prompt.ids[-SETTINGS.max_prompt_tokens:]
+        for t in (1, 4, 7):
+            rid = engine.add([GenRequest(ids + out[: t - 1], 20, ignore_eos=True)]).req_ids[0]
+            assert engine.output(rid) == [out[t - 1]]
+            for _ in range(SETTINGS.k_max):
+                engine.draft([rid])
+            drafts = engine.drafts_of(rid)
+            row = rows.iloc[t]
+            assert [d.token for d in drafts] == list(row.chain_tokens)
+            assert [d.confidence for d in drafts] == pytest.approx(list(row.confidences), rel=1e-4)
+            outcome = engine.verify({rid: SETTINGS.k_max})
+            assert outcome.accepted[0] == row.match_len
+            # KL at the first chain position uses the same target distribution as the engine's verify
+            assert outcome.klds[0][0] == pytest.approx(row.klds[0], rel=1e-3, abs=1e-5)
+            engine.remove([rid])
+            checked += 1
+    assert checked == 6
+
+
+def test_profile_refuses_bad_input(tiny_pair, tmp_path):
+    target, draft = tiny_pair
+    engine = TorchSDEngine(target, draft)
+    with pytest.raises(InputError):
+        run_profile(engine, [], SETTINGS)
+    runner = CliRunner()
+    res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--target", str(tmp_path / "nope"),
+                              "--draft", str(draft)])
+    assert res.exit_code == 2 and res.stderr.startswith("error:") and res.stderr.count("\n") == 1
+    res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--k-max", "0"])
+    assert res.exit_code == 2 and "k-max" in res.stderr
+    assert not (tmp_path / "run").exists()

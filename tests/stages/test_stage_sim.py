@@ -1,0 +1,169 @@
+"""The sim engine: exact T=0 replay of traces, the oracle bound, the fitted clock, bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autospec.engines.base import GenRequest
+from autospec.engines.sim import SimEngine
+from autospec.errors import InputError
+from autospec.fit import fit_profile, write_fit
+from autospec.serving.state import RequestState
+from autospec.serving.step import StepSettings, sd_step
+from autospec.strategy import build_strategy, load_preset, spec_from_dict
+from stage_helpers import K_MAX, PREFILL, TRUE, synthetic_acceptance, write_synthetic_run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = write_synthetic_run(tmp_path_factory.mktemp("simrun"))
+    write_fit(run, fit_profile(run))
+    return run
+
+
+def _trace_rows(engine, rid):
+    """(flat index of position 0, length) of the trace request `rid` replays."""
+    r = engine._reqs[rid]
+    return r.base, r.n
+
+
+def test_t0_replay_accepts_exactly_min_k_m(run_dir):
+    sim = SimEngine.from_dirs(run_dir, seed=3)
+    tr = sim.traces
+    ids = sim.add([GenRequest(range(50), 400, domain="code"), GenRequest(range(20), 400, domain="chat")]).req_ids
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(60):
+        ks = {rid: int(rng.integers(0, K_MAX + 1)) for rid in ids}
+        before = {rid: (sim._reqs[rid].p, sim.true_match_len(rid), len(sim.output(rid))) for rid in ids}
+        for step in range(max(ks.values())):
+            want = [rid for rid in ids if ks[rid] > step]
+            drafts = sim.draft(want)
+            for rid, d in zip(want, drafts):
+                p = before[rid][0]
+                assert d.token == tr.chain_tokens[p][step] and d.confidence == tr.chain[p][step].confidence
+        verify_n = {rid: int(rng.integers(0, ks[rid] + 1)) for rid in ids}
+        out = sim.verify(verify_n)
+        for i, rid in enumerate(out.req_ids):
+            p, m, n_out = before[rid]
+            assert out.accepted[i] == min(verify_n[rid], m)
+            assert out.drafted[i] == ks[rid] and out.verified[i] == verify_n[rid]
+            assert len(out.committed[i]) == out.accepted[i] + 1
+            assert out.klds[i] == tr.klds[p][: verify_n[rid]]
+            base, n = _trace_rows(sim, rid)
+            # committed tokens are the trace's target tokens, continuing where the request was (wrapping)
+            off = (n_out) % n
+            assert out.committed[i] == [tr.target_token[base + (off + j) % n] for j in range(out.accepted[i] + 1)]
+            checked += 1
+    assert checked == 120
+    assert all(len(sim.output(rid)) > 40 for rid in ids), "outputs longer than the trace wrap around it"
+
+
+def test_domain_binding_is_seeded_and_resumes_after_preemption(run_dir):
+    a = SimEngine.from_dirs(run_dir, seed=7)
+    b = SimEngine.from_dirs(run_dir, seed=7)
+    reqs = [GenRequest(range(10), 30, domain="code", trace_id=i) for i in range(20)]
+    ra, rb = a.add(reqs), b.add(reqs)
+    assert ra.first_tokens == rb.first_tokens
+    code_prompts = {i for i, p in enumerate(a.traces.starts) if a.traces.by_domain["code"].count(i)}
+    assert all(a._reqs[rid].base in {a.traces.starts[i] for i in code_prompts} for rid in ra.req_ids)
+    # a request re-added with the same trace_id and resumed_tokens continues at the same position
+    rid = ra.req_ids[0]
+    a.draft([rid])
+    a.verify({rid: 1})
+    done = a.output(rid)
+    m_before = a.true_match_len(rid)
+    a.remove([rid])
+    again = a.add([GenRequest(range(10 + len(done)), 30 - len(done), domain="code", trace_id=0,
+                              resumed_tokens=len(done))]).req_ids[0]
+    base, n = a._reqs[again].base, a._reqs[again].n
+    assert a.output(again)[0] == a.traces.target_token[base + len(done) % n]
+    assert a.true_match_len(again) == a.traces.match[base + (len(done) + 1) % n]
+    assert m_before is not None
+
+
+def test_oracle_strategy_gets_every_draft_accepted(run_dir):
+    sim = SimEngine.from_dirs(run_dir, seed=1)
+    strategy = build_strategy(load_preset("oracle"))
+    res = sim.add([GenRequest(range(30), 120, domain=d) for d in ("code", "chat", "code")])
+    states = [RequestState(rid, 30, 120, generated=1) for rid in res.req_ids]
+    settings = StepSettings(k_max=K_MAX, latency_model=sim.latency_model)
+    total_drafted = 0
+    for _ in range(40):
+        live = [s for s in states if not s.finished]
+        if not live:
+            break
+        m = {s.req_id: sim.true_match_len(s.req_id) for s in live}
+        out, _ = sd_step(sim, strategy, live, sim.now(), settings, sim.true_match_len)
+        for i, rid in enumerate(out.req_ids):
+            assert out.drafted[i] == out.verified[i] == out.accepted[i] == min(m[rid], K_MAX)
+        total_drafted += sum(out.drafted)
+    assert total_drafted > 0
+
+
+def test_clock_follows_the_fitted_model(run_dir):
+    sim = SimEngine.from_dirs(run_dir)
+    assert sim.now() == 0.0
+    res = sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50)])
+    pre = sum(PREFILL[m][0] * 160 + PREFILL[m][1] for m in ("draft", "target"))
+    assert res.time_s == pytest.approx(pre, rel=1e-6) and sim.now() == pytest.approx(pre, rel=1e-6)
+    ids = res.req_ids
+    ctx = 100 + 60 + 2  # prompts + each request's first token
+    a, g, d = TRUE["draft"]
+    t0 = sim.now()
+    sim.draft(ids)
+    assert sim.now() - t0 == pytest.approx(a * ctx + g * 2 + d, rel=1e-6)
+    t1 = sim.now()
+    sim.draft(ids[:1])  # context grows by the draft token already appended
+    assert sim.now() - t1 == pytest.approx(a * (101 + 1) + g + d, rel=1e-6)
+    t2 = sim.now()
+    out = sim.verify({ids[0]: 2, ids[1]: 1})
+    a, g, d = TRUE["target"]
+    assert out.verify_time_s == pytest.approx(a * ctx + g * (3 + 2) + d, rel=1e-6)
+    assert sim.now() - t2 == pytest.approx(out.verify_time_s)
+    assert out.draft_time_s == pytest.approx(t2 - t0)
+    sim.idle_until(sim.now() + 5.0)
+    assert sim.now() == pytest.approx(t2 + out.verify_time_s + 5.0)
+    sim.idle_until(0.0)  # never backwards
+    assert sim.now() > 5.0
+    assert sim.swap_cost_s(1000) == pytest.approx(PREFILL["target"][0] * 1000, rel=1e-6)
+    assert sim.swap_cost_s(2000) == pytest.approx(2 * sim.swap_cost_s(1000))
+
+
+def test_t1_acceptance_samples_recorded_probabilities(tmp_path):
+    acc = synthetic_acceptance(n_prompts=2, positions=30)
+    acc["accept_probs"] = [np.array([1.0, 1.0, 0.0, 0.0])] * len(acc)
+    run = write_synthetic_run(tmp_path, acc)
+    sim = SimEngine.from_dirs(run, temperature=1.0, seed=0)  # fitted in memory: no fit/ folder
+    ids = sim.add([GenRequest(range(8), 500) for _ in range(5)]).req_ids
+    for _ in range(10):
+        for _ in range(K_MAX):
+            sim.draft(ids)
+        out = sim.verify({rid: K_MAX for rid in ids})
+        assert out.accepted == [2] * len(ids)
+    with pytest.raises(InputError):
+        SimEngine.from_dirs(run, k_max=K_MAX + 1)
+
+
+def test_static_k_serve_runs_and_finishes_everything(run_dir):
+    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+
+    sim = SimEngine.from_dirs(run_dir)
+    reqs = [ServeRequest(i, 0.01 * i, SyntheticPrompt(40, 100, i), 25 + i % 7, ("code", "chat")[i % 2])
+            for i in range(40)]
+    rec = serve(sim, build_strategy(spec_from_dict({"strategy": {"name": "static-k3"},
+                                                    "length": {"policy": "static", "k": 3}})),
+                reqs, max_batch=8, settings=StepSettings(k_max=K_MAX, latency_model=sim.latency_model))
+    assert all(r.finish_s > 0 for r in rec.requests)
+    assert sum(rec.steps.committed) + len(reqs) == sum(r.max_tokens for r in reqs)
+
+
+def test_from_dirs_bad_inputs(tmp_path):
+    with pytest.raises(InputError, match="profile"):
+        SimEngine.from_dirs(tmp_path / "nothing")
+    run = write_synthetic_run(tmp_path / "r")
+    (run / "profile" / "acceptance.parquet").write_bytes(b"\x00garbage")
+    with pytest.raises(InputError, match="parquet") as err:
+        SimEngine.from_dirs(run)
+    assert "\n" not in err.value.one_line()

@@ -16,7 +16,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from autospec import __version__
 from autospec.config import SCHEMA_VERSION
@@ -131,3 +131,46 @@ def read_json(path: Path) -> dict[str, Any]:
         raise InputError(f"schema_version {version!r} is not supported (this autospec reads {SCHEMA_VERSION})",
                          path=path, field="schema_version")
     return data
+
+
+PARQUET_SCHEMA_KEY = b"autospec_schema_version"
+
+
+def write_parquet(path: Path, frame) -> None:
+    """Atomically write a pandas frame as parquet with schema_version in the file's metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           PARQUET_SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    _atomic_write(Path(path), sink.getvalue().to_pybytes())
+
+
+def read_parquet(path: Path, required: Sequence[str] = (), *, hint: str = ""):
+    """Read an autospec parquet, refusing a missing/corrupt file, an unknown schema_version, missing
+    columns or no rows — each as a one-line InputError naming the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"file not found{f' ({hint})' if hint else ''}", path=path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                         path=path) from None
+    version = (table.schema.metadata or {}).get(PARQUET_SCHEMA_KEY)
+    if version is None or version.decode() != str(SCHEMA_VERSION):
+        shown = None if version is None else version.decode()
+        raise InputError(f"schema_version {shown!r} is not supported (this autospec reads {SCHEMA_VERSION})",
+                         path=path, field="schema_version")
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise InputError(f"missing columns: {', '.join(missing)}", path=path)
+    if table.num_rows == 0:
+        raise InputError("no rows", path=path)
+    return table.to_pandas()

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -38,6 +36,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autospec.artifacts import write_parquet
 from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
 from autospec.errors import InputError
@@ -177,26 +176,6 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec) -> list[Any]:
 # --- the run -----------------------------------------------------------------------------------------
 
 
-def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    """Atomic parquet write with schema_version in the file's metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"schema_version"] = str(SCHEMA_VERSION).encode()
-    table = table.replace_schema_metadata(meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
                  progress: Callable[[str, int], Callable[[int], None]] | None = None) -> EvalResult:
     """Run every strategy `spec.repeats` times and (when out_dir is given) write the eval artifacts.
@@ -306,8 +285,8 @@ def _write_artifacts(out_dir: Path, spec: EvaluateSpec, result: EvalResult) -> N
     from autospec.artifacts import build_manifest, write_json
 
     eval_dir = Path(out_dir) / "eval"
-    _write_parquet(eval_dir / "requests.parquet", result.requests)
-    _write_parquet(eval_dir / "steps.parquet", result.steps)
+    write_parquet(eval_dir / "requests.parquet", result.requests)
+    write_parquet(eval_dir / "steps.parquet", result.steps)
     write_json(eval_dir / "summary.json", result.summary)
     models = {"target": spec.pair.target, "draft": spec.pair.draft} if spec.engine == "torch" else {}
     write_json(Path(out_dir) / "manifest.json",

@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from autospec import artifacts
+from autospec.artifacts import write_parquet
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
 
@@ -261,58 +263,9 @@ def gpu_telemetry() -> dict[str, Any]:
 
 # --- parquet with a schema_version ---------------------------------------------------------------------
 
-SCHEMA_KEY = b"autospec_schema_version"
-
-
-def write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    """Write a parquet file atomically (temp name + rename) with schema_version in its metadata."""
-    import os
-    import tempfile
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from autospec.config import SCHEMA_VERSION
-
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def read_parquet(path: Path, required: Sequence[str]) -> pd.DataFrame:
-    """Read a profile parquet, refusing a missing/corrupt file, an unknown schema_version or missing columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from autospec.config import SCHEMA_VERSION
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("file not found (run `autospec profile` first)", path=path)
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
-                         path=path) from None
-    version = (table.schema.metadata or {}).get(SCHEMA_KEY)
-    if version is None or version.decode() != str(SCHEMA_VERSION):
-        shown = None if version is None else version.decode()
-        raise InputError(f"schema_version {shown!r} is not supported (this autospec reads {SCHEMA_VERSION})",
-                         path=path, field="schema_version")
-    missing = [c for c in required if c not in table.column_names]
-    if missing:
-        raise InputError(f"missing columns: {', '.join(missing)}", path=path)
-    if table.num_rows == 0:
-        raise InputError("no rows", path=path)
-    return table.to_pandas()
+    """Read a profile parquet (see artifacts.read_parquet)."""
+    return artifacts.read_parquet(path, required, hint="run `autospec profile` first")
 
 
 @dataclass

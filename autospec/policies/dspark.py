@@ -59,10 +59,11 @@ def table_sps(tokens: Sequence[int], values: Sequence[float]) -> Sps:
     is assumed saturated: tokens per second stay flat) [chosen]; before its start SPS is flat."""
     xs, ys = np.asarray(tokens, float), np.asarray(values, float)
 
-    def sps(b: int) -> float:
-        if b > xs[-1]:
-            return float(ys[-1] * xs[-1] / b)
-        return float(np.interp(b, xs, ys))
+    def sps(b):
+        # works on one B or an array of them (global_argmax_budget evaluates all budgets at once)
+        b_arr = np.asarray(b, float)
+        out = np.where(b_arr > xs[-1], ys[-1] * xs[-1] / np.maximum(b_arr, 1e-12), np.interp(b_arr, xs, ys))
+        return float(out) if out.ndim == 0 else out
     return sps
 
 
@@ -110,18 +111,28 @@ def schedule_sync(surv: Sequence[Sequence[float]], sps: Sps) -> list[int]:
 
 
 def global_argmax_budget(surv: Sequence[Sequence[float]], sps: Sps) -> int:
-    """The production form's budget: argmax over n of (R + Σ top-n a)·SPS(R + n), no early stop."""
+    """The production form's budget: argmax over n of (R + Σ top-n a)·SPS(R + n), no early stop.
+
+    Evaluated for every n at once; ties keep the smaller budget, as a left-to-right scan would."""
     n_req = len(surv)
     if n_req == 0:
         return 0
-    tau = float(n_req)
-    best_n, best = 0, tau * sps(n_req)
-    for n, (a, _, _) in enumerate(ranked_entries(surv), start=1):
-        tau += a
-        theta = tau * sps(n_req + n)
-        if theta > best:
-            best_n, best = n, theta
-    return best_n
+    top = np.sort(np.array([a for row in surv for a in row if a > 0], float))[::-1]
+    budgets = np.arange(0, top.size + 1)
+    tau = n_req + np.concatenate([[0.0], np.cumsum(top)])
+    theta = tau * _sps_values(sps, n_req + budgets)
+    return int(np.argmax(theta))
+
+
+def _sps_values(sps: Sps, tokens: np.ndarray) -> np.ndarray:
+    """SPS at many token counts: one vectorised call when `sps` accepts arrays, else one call each."""
+    try:
+        out = np.asarray(sps(tokens), float)
+        if out.shape == tokens.shape:
+            return out
+    except (TypeError, ValueError):
+        pass
+    return np.array([sps(int(t)) for t in tokens], float)
 
 
 def admit_top(surv: Sequence[Sequence[float]], budget: int) -> list[int]:

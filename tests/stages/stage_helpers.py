@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autospec.artifacts import write_json
-from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, write_parquet
+from autospec.artifacts import write_json, write_parquet
+from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
 
 # Known AdaSpec coefficients (alpha s/context token, gamma s/batch token, delta s/pass) and prefill lines.
 TRUE = {"draft": (2e-7, 3e-5, 1.5e-3), "target": (1.1e-6, 2.4e-4, 9e-3)}

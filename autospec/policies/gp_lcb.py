@@ -49,11 +49,13 @@ def beta_n(n: int, n_arms: int, delta: float = 0.1) -> float:
     return 2.0 * math.log(n_arms * n * n * math.pi ** 2 / (6.0 * delta))
 
 
-def per_request_gain(p: float, s: int) -> float:
+def per_request_gain(p, s: int):
     """s·â_i(s): expected accepted tokens of s drafts when each position is accepted with p given its
     prefix was (Σ_{j<=s} p^j). â_i is s-dependent through this geometric model [chosen]; a constant
-    â_i would make Eq. 2 always pick the longest candidate."""
-    return sum(p ** j for j in range(1, s + 1))
+    â_i would make Eq. 2 always pick the longest candidate. `p` may be an array (one per request)."""
+    p = np.asarray(p, float)
+    out = sum(p ** j for j in range(1, s + 1))
+    return float(out) if out.ndim == 0 else out
 
 
 @register_length("gp-lcb")
@@ -168,23 +170,17 @@ class GpLcbLength(TargetLengthPolicy):
         self.selected_sm_split = key[1]
         if not self.params.refine or ctx.latency_model is None:
             return [s_n] * ctx.batch_size
-        # T̂(s) depends on the batch, not on the request: compute it once per candidate s.
+        # T̂(s) depends on the batch, not on the request: compute it once per candidate s, then take
+        # Eq. 2's argmin for all requests at once.
         n_c = batch_context_tokens(ctx)
-        t_hat = {s: sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c)
-                 for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= ctx.k_max}
-        return [self._refine(r.req_id, s_n, t_hat) for r in ctx.requests]
-
-    def _refine(self, req_id: int, s_n: int, t_hat: dict[int, float]) -> int:
-        """Eq. 2: argmin over C = {s_n−1, s_n, s_n+1} ∩ S of T̂(s)/(s·â_i(s) + ε)."""
-        p_i = self._accept.get(req_id)
-        if p_i is None:
-            return s_n
-        best_s, best_cost = s_n, math.inf
-        for s, t in t_hat.items():
-            cost = t / (per_request_gain(p_i, s) + self.params.eps)
-            if cost < best_cost:
-                best_s, best_cost = s, cost
-        return best_s
+        candidates = [s for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= ctx.k_max]
+        t_hat = np.array([sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c) for s in candidates])
+        p = np.array([self._accept.get(r.req_id, np.nan) for r in ctx.requests])
+        known = ~np.isnan(p)
+        gains = np.stack([per_request_gain(np.where(known, p, 0.0), s) for s in candidates], axis=1)
+        costs = t_hat[None, :] / (gains + self.params.eps)
+        refined = np.asarray(candidates)[np.argmin(costs, axis=1)]  # ties keep the shorter draft
+        return np.where(known, refined, s_n).tolist()
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
         w = self.params.ewma_weight

@@ -102,13 +102,15 @@ def predicted_lengths(histories: Sequence[Sequence[float]], sl_max: float, p: Ds
     if not histories:
         return []
     width = p.long_window
+    tails = [list(h)[-width:] for h in histories]
+    n = np.fromiter((len(t) for t in tails), dtype=int, count=len(tails))
+    # Right-aligned matrix (the most recent value in the last column), filled in one scatter.
     x = np.zeros((len(histories), width))
-    n = np.zeros(len(histories), dtype=int)
-    for i, h in enumerate(histories):
-        tail = list(h)[-width:]
-        n[i] = len(tail)
-        if tail:
-            x[i, width - len(tail):] = tail  # right-aligned: the most recent value is the last column
+    if n.sum():
+        rows = np.repeat(np.arange(len(tails)), n)
+        starts = np.repeat(np.cumsum(n) - n, n)
+        cols = width - np.repeat(n, n) + (np.arange(n.sum()) - starts)
+        x[rows, cols] = [v for t in tails for v in t]
     cols = np.arange(width)
     age = width - 1 - cols  # 0 = most recent
     weights = p.decay ** age

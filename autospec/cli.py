@@ -190,6 +190,9 @@ def profile(
     draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (HF format)"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
+    prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
+                                                     help="acceptance-trace prompts per domain "
+                                                          "(default 16, 6 with --quick)"),
 ) -> None:
     """Measure draft/target step latency and record acceptance traces."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -208,7 +211,8 @@ def profile(
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
-    settings = settings.model_copy(update={"seed": seed})
+    settings = settings.model_copy(update={"seed": seed, **({"prompts_per_domain": prompts_per_domain}
+                                                             if prompts_per_domain is not None else {})})
     texts = _prompts(prompts or [], settings.prompts_per_domain)
     if prompts:  # user files may mix domains: keep at most prompts_per_domain of each
         per_domain: dict[str, list] = {}

@@ -2,11 +2,15 @@
 
 Two records come out of a profile, both as parquet under `DIR/profile/`:
 
-* `latency.parquet` — median and MAD seconds of one forward pass of the draft and of the target over a
-  grid of batch × tokens-per-request × context (the shapes `verify` and `draft` run), plus a few
-  prefill shapes (context 0, many tokens) that price admission and a KV swap. Each row is measured
-  with `engine.time_forward` after a warm-up; the median (not the mean) is kept because a shared VM
-  has heavy-tailed noise.
+* `latency.parquet` — median and MAD seconds of one `engine.draft` call and one `engine.verify` call
+  over a grid of batch × tokens-per-request × context, plus a few prefill shapes (context 0, many
+  tokens; bare forwards, `engine.time_forward`) that price admission and a KV swap. Decode rows time
+  the engine's whole calls on live requests, not bare forwards: a verify also computes the target's
+  full distributions, KL and acceptance and does per-request bookkeeping, which on a small model is
+  ~30% of the call, and the simulator's clock must charge what the serving loop actually waits for.
+  Live requests grow as verify commits tokens, so each row's `context` is the mean context the calls
+  really had (requests are re-added at the nominal context for every tokens-per-request value). The
+  median (not the mean) is kept because a shared VM has heavy-tailed noise.
 * `acceptance.parquet` — acceptance traces that let the simulator replay SD exactly at T=0 (DESIGN.md,
   "sim"). For each prompt the target's greedy continuation `out` is generated; at every position t the
   draft's greedy chain of K_max tokens from prompt + out[:t] is recorded with its confidences,
@@ -64,7 +68,7 @@ class ProfileSettings(BaseModel):
     @classmethod
     def quick(cls, k_max: int = 8) -> "ProfileSettings":
         """A grid small enough for a 2-core CPU in well under three minutes."""
-        return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256],
+        return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256, 512],
                    repeats=5, warmup=2, prompts_per_domain=6, trace_tokens=48, max_prompt_tokens=128)
 
 
@@ -99,16 +103,73 @@ def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, in
 
 def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
                     advance: Callable[[int], None] | None = None) -> pd.DataFrame:
-    """Time every grid shape (median and MAD over `repeats` after `warmup`)."""
+    """Time every grid shape (median and MAD over `repeats` after `warmup`): decode shapes through the
+    engine's own draft/verify calls (`time_engine_calls`), prefill shapes as bare forwards."""
     rows = []
-    for model, phase, batch, tokens, context in latency_grid(settings):
-        times = engine.time_forward(model, batch, tokens, context, repeats=settings.repeats, warmup=settings.warmup)
-        rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": context,
-                     "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": _mad(times),
-                     "repeats": len(times)})
-        if advance is not None:
-            advance(1)
+
+    def row(model: str, phase: str, batch: int, tokens: int, context: float, times: Sequence[float]) -> None:
+        rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens,
+                     "context": int(round(context)), "sm_split": math.nan, "median_s": float(np.median(times)),
+                     "mad_s": _mad(times), "repeats": settings.repeats})
+
+    rng = np.random.default_rng(settings.seed)
+    for context in settings.contexts:
+        for batch in settings.batches:
+            cell = time_engine_calls(engine, batch, context, settings, rng)
+            for tokens in range(1, settings.k_max + 2):
+                times, ctx = cell["verify"][tokens]
+                row("target", "decode", batch, tokens, ctx, times)
+            times, ctx = cell["draft"]
+            row("draft", "decode", batch, 1, ctx, times)
+            if advance is not None:
+                advance(settings.k_max + 2)
+    for tokens in settings.prefill_tokens:
+        for model in ("target", "draft"):
+            times = engine.time_forward(model, 1, tokens, 0, repeats=settings.repeats, warmup=settings.warmup)
+            rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
+                         "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": _mad(times),
+                         "repeats": len(times)})
+            if advance is not None:
+                advance(1)
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
+
+
+def time_engine_calls(engine: TorchSDEngine, batch: int, context: int, settings: ProfileSettings,
+                      rng: np.random.Generator) -> dict[str, Any]:
+    """Seconds of whole `engine.verify` calls per tokens-per-request (1..K_max+1: K drafts + 1) and of
+    whole `engine.draft` calls, on `batch` live requests with random prompts of `context` tokens.
+
+    Returns {"verify": {tokens: (times, mean context)}, "draft": (times, mean context)}; the context is
+    per request, as the calls saw it (prompt + committed tokens, + drafts so far for a draft call)."""
+    vocab = engine.target.shape.vocab_size
+    verify: dict[int, tuple[list[float], float]] = {}
+    draft_times: list[float] = []
+    draft_ctx: list[float] = []
+    for tokens in range(1, settings.k_max + 2):
+        prompts = rng.integers(0, vocab, (batch, context)).tolist()
+        ids = engine.add([GenRequest(p, 1 << 30, ignore_eos=True) for p in prompts]).req_ids
+        times, ctxs = [], []
+        for i in range(settings.warmup + settings.repeats):
+            for j in range(tokens - 1):
+                ctx = float(np.mean([engine.context_len(r) for r in ids])) + j
+                t0 = time.perf_counter_ns()
+                engine.draft(ids)  # synchronizes before it returns
+                dt = (time.perf_counter_ns() - t0) / 1e9
+                if i >= settings.warmup:
+                    draft_times.append(dt)
+                    draft_ctx.append(ctx)
+            ctx = float(np.mean([engine.context_len(r) for r in ids]))
+            t0 = time.perf_counter_ns()
+            engine.verify({r: tokens - 1 for r in ids})
+            dt = (time.perf_counter_ns() - t0) / 1e9
+            if i >= settings.warmup:
+                times.append(dt)
+                ctxs.append(ctx)
+        engine.remove(ids)
+        verify[tokens] = (times, float(np.mean(ctxs)))
+    if not draft_times:  # K_max = 0 cannot happen (k_max >= 1), kept for clarity
+        raise InputError("no draft calls were timed", field="k_max")
+    return {"verify": verify, "draft": (draft_times, float(np.mean(draft_ctx)))}
 
 
 def greedy_continuations(engine: TorchSDEngine, prompts: Sequence[Sequence[int]], n_tokens: int,

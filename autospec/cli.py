@@ -173,7 +173,7 @@ def run(
     from autospec.config import GenerateSpec, RunSpec, load_run_spec
 
     spec = load_run_spec(config) if config is not None else RunSpec(
-        generate=GenerateSpec(prompts_per_set=4, batch_size=4, max_tokens=48, strategy="static-k3",
+        generate=GenerateSpec(prompts_per_set=4, batch_size=1, max_tokens=48, strategy="static-k4",
                               compare_to_no_sd=True))
     _generate(spec, as_json, out_dir)
 

@@ -99,7 +99,10 @@ class Pick:
 
 @runtime_checkable
 class SchedulePolicy(Protocol):
-    """Which requests run this step. `slots` is the batch capacity (max requests per step)."""
+    """Which requests run this step. `slots` is the batch capacity (max requests per step).
+
+    `waiting` is in arrival order (ties by req_id), preempted requests included at their arrival
+    position, so a policy that admits in arrival order can read the head of the queue only."""
 
     def pick(self, now: float, waiting: Sequence[RequestView], running: Sequence[RequestView],
              slots: int) -> Pick: ...

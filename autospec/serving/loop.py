@@ -362,6 +362,10 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
                 s.engine_id = None
                 waiting[s.req_id] = s
                 waiting_views[s.req_id] = s.live_view()
+            # Keep the queue in arrival order (the SchedulePolicy contract); arrivals append in order,
+            # only a preempted request comes back out of place. O(queue), but only on preemption.
+            waiting = {rid: waiting[rid] for rid in sorted(waiting, key=lambda rid: (by_id[rid].arrival_s, rid))}
+            waiting_views = {rid: waiting_views[rid] for rid in waiting}
             if swap_s > 0:
                 _idle(engine, engine.now() + swap_s)
 

@@ -90,8 +90,12 @@ def test_perceptible_first_then_sjf_then_fcfs_within_a_queue():
 
 def test_fcfs_fills_free_slots_by_arrival_and_never_preempts():
     policy = build_schedule("fcfs")
-    pick = policy.pick(0.0, [view(3, arrival=2.0), view(2, arrival=1.0)], [view(1, arrival=5.0)], 2)
+    # `waiting` comes in arrival order (the SchedulePolicy contract; the serving loop keeps it so)
+    pick = policy.pick(0.0, [view(2, arrival=1.0), view(3, arrival=2.0)], [view(1, arrival=5.0)], 2)
     assert pick == Pick(run=(1, 2), admit=(2,), preempt=())
+    # a full batch admits nobody, however long the queue
+    pick = policy.pick(0.0, [view(4, arrival=0.0)], [view(1, arrival=5.0), view(2, arrival=1.0)], 2)
+    assert pick == Pick(run=(2, 1), admit=(), preempt=())
 
 
 def test_las_runs_least_attained_and_preempts():

@@ -156,3 +156,22 @@ def test_a_request_larger_than_the_kv_budget_is_refused():
     with pytest.raises(InputError, match="KV"):
         serve(ClockedFakeEngine(), strategy(2), requests, max_batch=2, kv_budget_tokens=100,
               settings=StepSettings(k_max=K_MAX))
+
+
+def test_waiting_queue_reaches_the_policy_in_arrival_order_after_preemptions():
+    """The SchedulePolicy contract FCFS relies on: a preempted request rejoins the queue at its
+    arrival position, not at the back."""
+    strat = strategy(3, "las")
+    seen: list[list[tuple[float, int]]] = []
+    pick = strat.schedule.pick
+
+    def spy(now, waiting, running, slots):
+        seen.append([(v.arrival_s, v.req_id) for v in waiting])
+        return pick(now, waiting, running, slots)
+
+    strat.schedule.pick = spy  # type: ignore[method-assign]
+    requests = [ServeRequest(i, 0.001 * i, SyntheticPrompt(20, 1, i), 30) for i in range(6)]
+    records = serve(ClockedFakeEngine(k_max=K_MAX), strat, requests, max_batch=2, settings=StepSettings(k_max=K_MAX))
+    assert records.requests_frame()["preemptions"].sum() > 0  # LAS preempted, so requests re-queued
+    assert any(len(q) > 2 for q in seen)
+    assert all(q == sorted(q) for q in seen)

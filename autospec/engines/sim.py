@@ -291,6 +291,38 @@ class SimEngine:
         self.totals["draft_s"] += dt
         return out
 
+    def draft_rounds(self, req_ids: Sequence[int], lengths: Sequence[int]) -> list[list[DraftToken]]:
+        """`lengths[i]` draft tokens per request in one call; the same tokens and clock as one `draft`
+        call per round (round j drafts every request with lengths > j; its time is
+        α·Σ(context + j) + γ·n_j + δ), summed in closed form."""
+        reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
+        a, g, d = self._draft_coef
+        out: list[list[DraftToken]] = []
+        weighted = 0.0  # Σ over drafted tokens of their context
+        drafted = 0
+        rounds = 0
+        for rid, k in zip(req_ids, lengths):
+            r = reqs[rid]
+            if k <= 0:
+                out.append([])
+                continue
+            j0 = r.drafted
+            if r.finished:
+                raise ValueError(f"request {rid} is finished")
+            if j0 + k > k_max:
+                raise ValueError(f"request {rid} would draft more than K_max={k_max} tokens this round")
+            out.append(chain[r.p][j0: j0 + k])
+            weighted += k * (r.context + j0) + k * (k - 1) / 2
+            drafted += k
+            r.drafted = j0 + k
+            if k > rounds:
+                rounds = k
+        dt = a * weighted + g * drafted + d * rounds
+        self._clock += dt
+        self._draft_since_verify += dt
+        self.totals["draft_s"] += dt
+        return out
+
     def _uniform(self) -> float:
         if self._u_next >= len(self._uniforms):
             self._uniforms = self._rng.random(1 << 15).tolist()

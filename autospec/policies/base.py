@@ -124,6 +124,12 @@ class LengthPolicyBase(Policy):
     def begin_step(self, ctx: StepContext) -> None:
         pass
 
+    def fixed_lengths(self, ctx: StepContext) -> list[int] | None:
+        """Each request's draft length this step when `begin_step` already decided it (aligned with
+        ctx.requests), else None. The step then asks the engine for all rounds at once
+        (`autospec.engines.base.draft_rounds`) instead of one keep_drafting call per token."""
+        return None
+
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
         pass
 
@@ -146,6 +152,10 @@ class TargetLengthPolicy(LengthPolicyBase, ABC):
 
     def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
         return [n < self.step_targets.get(rid, 0) for rid, n in zip(drafts.req_ids, drafts.lengths())]
+
+    def fixed_lengths(self, ctx: StepContext) -> list[int]:
+        targets = self.step_targets
+        return [targets.get(r.req_id, 0) for r in ctx.requests]
 
 
 class VerifyPolicyBase(Policy):

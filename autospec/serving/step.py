@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from autospec.contract import DraftState, LatencyModel, StepContext, StepOutcome
-from autospec.engines.base import Engine
+from autospec.engines.base import Engine, draft_rounds
 from autospec.serving.state import RequestState
 from autospec.strategy import Strategy
 
@@ -56,7 +56,14 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
     drafts = DraftState.empty(ctx.req_ids)
     tokens, confidences, entropies = drafts.tokens, drafts.confidences, drafts.entropies
     k_max = settings.k_max
-    while True:
+    fixed = strategy.length.fixed_lengths(ctx) if hasattr(strategy.length, "fixed_lengths") else None
+    if fixed is not None:  # lengths decided in begin_step: every round in one engine call
+        lengths = [max(0, min(int(k), k_max)) for k in fixed]
+        for i, toks in enumerate(draft_rounds(engine, eids, lengths)):
+            tokens[i].extend([t.token for t in toks])
+            confidences[i].extend([t.confidence for t in toks])
+            entropies[i].extend([t.entropy for t in toks])
+    while fixed is None:
         more = strategy.length.keep_drafting(ctx, drafts)
         chosen = [i for i, m in enumerate(more) if m and len(tokens[i]) < k_max]
         if not chosen:

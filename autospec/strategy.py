@@ -9,6 +9,7 @@ A preset file (policies/<name>.toml at the repo root, shipped as package data un
     [schedule]  policy + params           (default: fcfs)
     [execution] sm_split, chunk_size, early_exit (+ ee_* early-exit constants)
     [search.<section>.<param>]  type = "int" | "float" | "categorical", low, high, log, choices
+                (on a list parameter, e.g. batch-schedule's k, the range applies to each element)
 
 Every problem is an InputError naming the file and the dotted field, in one line.
 """
@@ -152,7 +153,11 @@ class StrategySpec(_Strict):
                 raise SpecFieldError(where, f"inverted search range: low {rng.low} > high {rng.high}")
             if rng.log and rng.low <= 0:
                 raise SpecFieldError(where, "a log search needs low > 0")
+        default = model.model_fields[name].get_default(call_default_factory=True)
+        current = base.get(name, default)
         for value in rng.endpoints():
+            if isinstance(current, list):  # a range on a list parameter searches each element
+                value = [value] * len(current)
             try:
                 model.model_validate({**base, name: value})
             except ValidationError as err:

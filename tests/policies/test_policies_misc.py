@@ -135,3 +135,18 @@ def test_build_errors_name_the_field():
         build_length("static", k="4")
     with pytest.raises(InputError, match=r"\[length.bogus\]"):
         build_length("static", bogus=1)
+
+
+def test_batch_schedule_picks_k_by_batch_bucket_and_validates():
+    policy = build_length("batch-schedule", edges=[1, 3, 9], k=[5, 2, 0])
+    assert _drafted_lengths(policy, make_ctx(1, k_max=8)) == [5]
+    assert _drafted_lengths(policy, make_ctx(2, k_max=8)) == [5, 5]
+    assert _drafted_lengths(policy, make_ctx(3, k_max=8)) == [2, 2, 2]
+    assert _drafted_lengths(policy, make_ctx(9, k_max=8)) == [0] * 9
+    assert _drafted_lengths(build_length("batch-schedule", edges=[1], k=[9]), make_ctx(2, k_max=4)) == [4, 4]
+    assert policy.params.ranges(16) == [(1, 2, 5), (3, 8, 2), (9, 16, 0)]
+    assert policy.params.ranges(4) == [(1, 2, 5), (3, 4, 2)]
+    for bad in ({"edges": [2, 4], "k": [1, 1]}, {"edges": [1, 1], "k": [1, 1]}, {"edges": [1, 2], "k": [1]},
+                {"edges": [1], "k": [-1]}):
+        with pytest.raises(InputError):
+            build_length("batch-schedule", **bad)

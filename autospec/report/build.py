@@ -1,0 +1,332 @@
+"""`autospec report`: one self-contained HTML file and a `summary.md` from whatever a run directory holds.
+
+`load_run` collects the artifacts that exist (profile, fit, evaluations — `eval/`, `eval*/` and
+`*/eval/` one level down —, tuning, manifests); `write_report` turns them into sections of tables and
+figures (report/figures.py), renders template.html.j2 with plotly.js inlined once (the file opens
+offline), and writes both files atomically. A present artifact that cannot be read is an InputError,
+like in every other stage; an absent one just leaves its section out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from autospec.errors import InputError
+from autospec.report import figures as F
+
+# Columns of the strategy table: summary.json metric key, header.
+TABLE_METRICS = (("goodput", "goodput (req/s)"), ("throughput_tok_s", "throughput (tok/s)"),
+                 ("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_mean", "TPOT mean (s)"),
+                 ("tpot_p99", "TPOT p99 (s)"), ("slo_attainment", "SLO attainment"),
+                 ("acceptance_rate", "acceptance rate"), ("speedup_vs_no_sd", "speed-up vs baseline"))
+SIM_METRICS = {"tpot_mean": "mean TPOT (s)", "throughput_tok_s": "throughput (tok/s)", "tpot_p99": "p99 TPOT (s)"}
+
+
+@dataclass
+class Evaluation:
+    """One `autospec evaluate` output folder."""
+
+    label: str  # the folder that names it in the run directory: "eval", "eval-sim", "torch", ...
+    path: Path
+    summary: dict
+    requests: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+
+    @property
+    def engine(self) -> str:
+        return str((self.summary.get("engine") or {}).get("kind", "?"))
+
+    @property
+    def title(self) -> str:
+        return f"{self.label} ({self.engine} engine)"
+
+    @property
+    def workload_key(self) -> str:
+        w = self.summary.get("workload") or {}
+        return str(w.get("path") or w.get("name") or "")
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    manifests: list[tuple[str, dict]] = field(default_factory=list)
+    latency: pd.DataFrame | None = None
+    acceptance: pd.DataFrame | None = None
+    fit: Any = None  # autospec.fit.FitResult
+    evals: list[Evaluation] = field(default_factory=list)
+    tune_summary: dict | None = None
+    tune_trials: pd.DataFrame | None = None
+    tune_pareto: pd.DataFrame | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (self.latency is None and self.acceptance is None and self.fit is None and not self.evals
+                and self.tune_summary is None and self.tune_trials is None)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _parquet(path: Path) -> pd.DataFrame | None:
+    """A parquet artifact or None when absent. autospec's own carry a schema_version (checked); a frame
+    written by another tool (Optuna's trials_dataframe via pandas) has none and is read as is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from autospec.artifacts import PARQUET_SCHEMA_KEY, read_parquet
+
+    if not path.is_file():
+        return None
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        meta = {}
+    if PARQUET_SCHEMA_KEY in meta or not meta:
+        return read_parquet(path)  # validates (and names the file on a bad one)
+    return pd.read_parquet(path)
+
+
+def _json(path: Path) -> dict | None:
+    from autospec.artifacts import read_json
+
+    return read_json(path) if path.is_file() else None
+
+
+def find_evaluations(run_dir: Path) -> list[Path]:
+    """eval/ and eval*/ folders of the run directory, then */eval/ one level down."""
+    found = [p.parent for p in sorted(run_dir.glob("eval*/summary.json"))]
+    found += [p.parent for p in sorted(run_dir.glob("*/eval/summary.json")) if p.parent not in found]
+    return found
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    from autospec.fit import load_fit
+    from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
+    from autospec.artifacts import read_parquet
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError("not a run directory (no such directory)", path=run_dir)
+    data = RunData(run_dir)
+    for path in [run_dir / "manifest.json", *sorted(run_dir.glob("*/manifest.json"))]:
+        if path.is_file():
+            data.manifests.append((str(path.relative_to(run_dir)), _json(path)))
+    prof = run_dir / "profile"
+    if (prof / "latency.parquet").is_file():
+        data.latency = read_parquet(prof / "latency.parquet", LATENCY_COLUMNS)
+    if (prof / "acceptance.parquet").is_file():
+        data.acceptance = read_parquet(prof / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+    if (run_dir / "fit" / "models.json").is_file():
+        data.fit = load_fit(run_dir)
+    for folder in find_evaluations(run_dir):
+        rel = folder.relative_to(run_dir)
+        label = str(rel) if rel.name.startswith("eval") and len(rel.parts) == 1 else str(rel.parent)
+        data.evals.append(Evaluation(label, folder, _json(folder / "summary.json"),
+                                     _parquet(folder / "requests.parquet"), _parquet(folder / "steps.parquet")))
+    tune = run_dir / "tune"
+    data.tune_summary = _json(tune / "summary.json")
+    data.tune_trials = _parquet(tune / "trials.parquet")
+    data.tune_pareto = _parquet(tune / "pareto.parquet")
+    return data
+
+
+def sim_real_pairs(evals: list[Evaluation]) -> list[tuple[dict, dict, str]]:
+    """(simulated summary, real summary, label) for every sim/real pair that replayed the same workload."""
+    pairs = []
+    for sim in (e for e in evals if e.engine == "sim"):
+        for real in (e for e in evals if e.engine != "sim"):
+            if sim.workload_key and sim.workload_key == real.workload_key:
+                pairs.append((sim.summary, real.summary, f"{sim.label} vs {real.label}"))
+    return pairs
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+
+def _num(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+
+
+def _ci(cell: Any) -> str:
+    if not isinstance(cell, Mapping) or cell.get("mean") is None:
+        return "–"
+    lo, hi = cell.get("ci_low"), cell.get("ci_high")
+    if lo is None or hi is None or lo == hi:
+        return _num(cell["mean"])
+    return f"{_num(cell['mean'])} [{_num(lo)}, {_num(hi)}]"
+
+
+def strategy_table(summary: Mapping) -> dict:
+    rows = [[name, *(_ci(m.get(k)) for k, _ in TABLE_METRICS)] for name, m in (summary.get("strategies") or {}).items()]
+    return {"columns": ["strategy", *(h for _, h in TABLE_METRICS)], "rows": rows}
+
+
+def fit_table(fit) -> dict:
+    m = fit.models
+    rows = []
+    for name in ("draft", "target"):
+        c = m.linear.get(name) or {}
+        rows.append([name, _pct(m.linear_mape.get(name)), _pct(m.piecewise_mape.get(name)),
+                     _pct(m.prefill_mape.get(name)),
+                     " / ".join(_num(c.get(k)) for k in ("alpha", "gamma", "delta")), _num(m.points.get(name))])
+    return {"columns": ["model", "linear MAPE (held out)", "piecewise MAPE (held out)", "prefill MAPE",
+                        "α / γ / δ (s)", "profiled shapes"], "rows": rows}
+
+
+def _pct(v: Any) -> str:
+    return "–" if v is None else f"{v:.1%}"
+
+
+def comparison_table(pairs) -> dict:
+    rows = [[r["label"], r["strategy"], SIM_METRICS[r["metric"]], _num(r["real"]), _num(r["sim"]),
+             f"{r['rel_err']:+.1%}"] for r in F.comparison_rows(pairs)]
+    return {"columns": ["evaluations", "strategy", "metric", "real", "simulated", "relative error"], "rows": rows}
+
+
+def best_table(summary: Mapping) -> dict | None:
+    best = summary.get("best")
+    if not isinstance(best, Mapping):
+        return None
+    rows = [["strategy", _num(best.get("strategy"))], ["objective value", _num(best.get("value"))]]
+    rows += [[f"param: {k}", _num(v)] for k, v in (best.get("params") or {}).items()]
+    return {"columns": ["item", "value"], "rows": rows}
+
+
+# --- assembly ------------------------------------------------------------------------------------
+
+
+def _figure_html(fig, index: int) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{index}",
+                       config={"displaylogo": False, "responsive": True})
+
+
+def build_sections(data: RunData) -> list[dict]:
+    """Sections of blocks: {"kind": "figure"|"table"|"text", ...}; figures still as go.Figure."""
+    sections: list[dict] = []
+
+    def add(title: str, blocks: list) -> None:
+        blocks = [b for b in blocks if b is not None and (b["kind"] != "figure" or b["figure"] is not None)]
+        if blocks:
+            sections.append({"id": f"s{len(sections)}", "title": title, "blocks": blocks})
+
+    fig = lambda f: {"kind": "figure", "figure": f}  # noqa: E731
+    for ev in data.evals:
+        s = ev.summary
+        w, slo = s.get("workload") or {}, s.get("slo") or {}
+        text = (f"Workload {w.get('name') or w.get('path') or '?'}: {_num(w.get('requests'))} requests; "
+                f"{_num(s.get('repeats'))} repeat(s), mean [95% bootstrap CI]; baseline {s.get('baseline', 'no-sd')}; "
+                f"SLO TTFT ≤ {_num(slo.get('ttft_s'))} s, TPOT ≤ {_num(slo.get('tpot_s'))} s.")
+        add(f"Strategies — {ev.title}", [
+            {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)},
+            fig(F.speedup_bars(s, ev.title)), fig(F.latency_cdfs(ev.requests, ev.title)),
+            fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
+    pairs = sim_real_pairs(data.evals)
+    if pairs:
+        add("Simulator vs real engine", [{"kind": "table", **comparison_table(pairs)}, fig(F.sim_vs_real(pairs))])
+    if data.fit is not None:
+        add("Latency model fit", [{"kind": "table", **fit_table(data.fit)}, fig(F.latency_fit(data.latency, data.fit))])
+        sts = data.fit.models.sts
+        add("Acceptance calibration", [
+            {"kind": "text", "text": f"STS calibration of draft confidences, held-out ECE "
+                                     f"{sts['ece_before']:.3f} → {sts['ece_after']:.3f}."},
+            fig(F.calibration(data.acceptance, data.fit)), fig(F.profile_acceptance(data.fit))])
+    ts = data.tune_summary or {}
+    best = best_table(ts)
+    add("Tuning", [
+        {"kind": "text", "text": f"Objective: {ts['objective']}."} if ts.get("objective") else None,
+        {"kind": "table", **best} if best else None,
+        fig(F.optuna_history(data.tune_trials, ts)), fig(F.param_importances(ts)),
+        fig(F.tune_pareto(data.tune_trials, data.tune_pareto))])
+    if data.manifests:
+        add("Manifest", [{"kind": "pre", "label": label, "text": json.dumps(m, indent=2, default=str)}
+                         for label, m in data.manifests])
+    return sections
+
+
+def render_html(data: RunData, sections: list[dict]) -> str:
+    import jinja2
+    from markupsafe import Markup
+    from plotly.offline import get_plotlyjs
+
+    from autospec import __version__
+
+    n = 0
+    for sec in sections:
+        for block in sec["blocks"]:
+            if block["kind"] == "figure":
+                block["html"] = Markup(_figure_html(block.pop("figure"), n))
+                n += 1
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    template = env.from_string(resources.files("autospec.report").joinpath("template.html.j2").read_text("utf-8"))
+    return template.render(title=f"autospec report — {data.run_dir.resolve().name}", run_dir=str(data.run_dir),
+                           version=__version__, sections=sections, n_figures=n,
+                           plotly_js=Markup(get_plotlyjs().replace("</script", "<\\/script")))
+
+
+def _md(text: Any) -> str:
+    """A table cell for markdown: tags escaped (GitHub renders HTML), pipes escaped."""
+    import html
+
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(table: dict) -> list[str]:
+    lines = ["| " + " | ".join(_md(c) for c in table["columns"]) + " |",
+             "|" + "|".join("---" for _ in table["columns"]) + "|"]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in table["rows"]]
+    return lines + [""]
+
+
+def render_summary(data: RunData) -> str:
+    lines = [f"# autospec report — {_md(data.run_dir.resolve().name)}", ""]
+    for ev in data.evals:
+        s = ev.summary
+        w = s.get("workload") or {}
+        lines += [f"## Strategies — {_md(ev.title)}", "",
+                  f"Workload {_md(w.get('name') or w.get('path') or '?')}, {_num(s.get('repeats'))} repeat(s); "
+                  f"mean [95% CI]; speed-up over {_md(s.get('baseline', 'no-sd'))}.", ""]
+        lines += _md_table(strategy_table(s))
+    pairs = sim_real_pairs(data.evals)
+    if pairs:
+        lines += ["## Simulator vs real engine", ""] + _md_table(comparison_table(pairs))
+    if data.fit is not None:
+        sts = data.fit.models.sts
+        lines += ["## Latency model fit", ""] + _md_table(fit_table(data.fit))
+        lines += [f"STS acceptance calibration: held-out ECE {sts['ece_before']:.3f} → {sts['ece_after']:.3f}.", ""]
+    best = best_table(data.tune_summary or {})
+    if best:
+        lines += ["## Best tuned configuration", ""]
+        if (data.tune_summary or {}).get("objective"):
+            lines += [f"Objective: {_md(data.tune_summary['objective'])}.", ""]
+        lines += _md_table(best)
+    lines += ["The full report with figures: report.html (opens offline).", ""]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str | Path, out_file: str | Path | None = None) -> Path:
+    """Write report.html (or `out_file`) and summary.md beside it; returns the HTML path.
+
+    Everything is loaded and rendered before anything is written: bad input leaves no file behind."""
+    from autospec.artifacts import write_text
+
+    data = load_run(run_dir)
+    if data.empty:
+        raise InputError("nothing to report: no profile/, fit/, eval/ or tune/ artifacts found", path=run_dir)
+    out = Path(out_file) if out_file is not None else Path(run_dir) / "report.html"
+    if out.is_dir():
+        raise InputError("is a directory; pass a file name for the report", path=out)
+    page = render_html(data, build_sections(data))
+    summary = render_summary(data)
+    write_text(out, page)
+    write_text(out.parent / "summary.md", summary)
+    return out

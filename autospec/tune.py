@@ -1,0 +1,492 @@
+"""`autospec tune`: search strategies and their knobs with Optuna against a workload and a latency SLO.
+
+Search space (from the presets, `policies/*.toml`): the strategy is a categorical; each strategy's
+`[search.*]` ranges are sampled only when that strategy is drawn (Optuna's define-by-run conditional
+space), named `<strategy>.<section>.<param>` so two strategies' knobs never share a distribution. A
+range on a list parameter is sampled per element (`k-schedule.length.k[3]`: the K of batch bucket 3 —
+the per-batch-size K schedule vLLM deploys). The SM split r and chunk size s_c are searched only where
+the profile has an r axis (a CUDA profile; `sm_split` column not all NaN): on a CPU profile they do not
+exist and are not invented.
+
+Candidates [chosen]: every bundled preset except `oracle` (it reads the future: a bound, not a policy)
+and the fixed static-kN presets other than `static-k4`, whose `length.k` range already covers K = 1..8.
+
+Objectives:
+* `goodput` (default): maximise goodput (requests/s meeting TTFT and TPOT SLOs) subject to SLO
+  attainment ≥ `min_attainment`, a constraint TPE models (`constraints_func`); TPE, seeded. Hopeless
+  trials are pruned (MedianPruner) on the goodput of the requests finished so far, reported at every
+  tenth of the workload.
+* `multi`: maximise throughput and minimise p99 TPOT with NSGA-II, seeded; the Pareto front is written.
+
+Every trial replays the workload on the simulator (`autospec.engines.sim`) calibrated by the profile's
+fit, so a trial costs a fraction of a second to a few seconds. `confirm_top N` re-runs the best N
+distinct configurations on the real torch engine (and records both numbers side by side).
+
+Storage: an SQLite file in the run directory (`tune/study.db`) by default; any Optuna RDB URL
+(`postgresql://...`) lets several `autospec tune` processes share one study. The study name is derived
+from every setting that changes what a trial measures, so re-running the same command resumes the same
+study (`trials` is the study's total: completed + pruned trials), and a changed setting starts a new one.
+Optuna commits each finished trial to the storage, so killing a worker loses at most the trial it was
+running; heartbeats mark such a trial failed and the next worker retries its parameters once.
+
+Writes `tune/best.toml` (a preset file: `autospec evaluate --strategies tune/best.toml`),
+`tune/trials.parquet` (Optuna's trials table + strategy), `tune/pareto.parquet` (multi only),
+`tune/summary.json` (objective, best, feasibility, importances, confirmation) and `deploy/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
+from autospec.errors import InputError
+from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, HEADLINE
+from autospec.serving.metrics import Slo, compute_metrics
+from autospec.strategy import (SearchRange, StrategySpec, apply_overrides, list_presets, load_preset,
+                               search_space, spec_to_toml)
+
+EXCLUDED_BY_DEFAULT = {"oracle"} | {f"static-k{k}" for k in range(1, 9) if k != 4}
+CHECKPOINTS = 10  # pruning reports per trial (every tenth of the workload's requests)
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+SM_SPLITS = (0.125, 0.25, 0.375, 0.5)  # r values searched when the profile has an SM-split axis
+
+
+class TuneSpec(BaseModel):
+    """Everything one `autospec tune` needs; the CLI flags validate through it."""
+
+    model_config = ConfigDict(extra="forbid")
+    workload: Path
+    profile: Path
+    trials: int = Field(40, ge=1)
+    storage: str | None = None  # default: sqlite:///<out>/tune/study.db
+    study_name: str | None = None  # default: derived from the settings (see the module docstring)
+    objective: Literal["goodput", "multi"] = "goodput"
+    slo: Slo = Slo(ttft_s=DEFAULT_SLO_TTFT_S, tpot_s=DEFAULT_SLO_TPOT_S)
+    min_attainment: float = Field(0.9, ge=0.0, le=1.0)  # [chosen] 90% of requests within the SLO
+    strategies: list[str] | None = None  # candidates; None = the bundled presets (module docstring)
+    confirm_top: int = Field(0, ge=0)
+    max_batch: int = Field(8, ge=1)
+    k_max: int | None = Field(None, ge=1, le=32)  # None: the profile's K_max (its recorded chain length)
+    seed: int = 0
+    prune: bool = True
+    pair: PairSpec = PairSpec()  # the real engine for --confirm-top and the deploy files
+
+
+# --- search space ------------------------------------------------------------------------------------
+
+
+def candidate_specs(names: list[str] | None) -> dict[str, StrategySpec]:
+    chosen = names if names is not None else [n for n in list_presets() if n not in EXCLUDED_BY_DEFAULT]
+    specs: dict[str, StrategySpec] = {}
+    for name in chosen:
+        spec = load_preset(name.strip())
+        if spec.length.policy == "oracle":
+            raise InputError("the oracle reads the future and cannot be deployed; leave it out of tune",
+                             field="strategies")
+        specs[spec.name] = spec
+    if not specs:
+        raise InputError("the search space is empty: no candidate strategy", field="strategies")
+    return specs
+
+
+def profile_has_sm_split(profile: Path) -> bool:
+    from autospec.artifacts import read_parquet
+
+    path = profile / "profile" / "latency.parquet"
+    if not path.is_file():
+        return False
+    return bool(read_parquet(path)["sm_split"].notna().any())
+
+
+def _suggest(trial, name: str, rng: SearchRange) -> Any:
+    if rng.type == "categorical":
+        return trial.suggest_categorical(name, rng.choices)
+    if rng.type == "int":
+        return trial.suggest_int(name, int(rng.low), int(rng.high), log=rng.log)
+    return trial.suggest_float(name, float(rng.low), float(rng.high), log=rng.log)
+
+
+def sample_strategy(trial, specs: dict[str, StrategySpec], sm_split_axis: bool) -> StrategySpec:
+    """Draw one strategy and its conditional parameters from the trial (define-by-run)."""
+    name = trial.suggest_categorical("strategy", list(specs))
+    spec = specs[name]
+    overrides: dict[str, Any] = {}
+    for dotted, rng in search_space(spec).items():
+        section, _, param = dotted.partition(".")
+        current = spec.execution.model_dump()[param] if section == "execution" else \
+            getattr(spec, section).params.get(param)
+        if isinstance(current, list):
+            overrides[dotted] = [_suggest(trial, f"{name}.{dotted}[{i}]", rng) for i in range(len(current))]
+        else:
+            overrides[dotted] = _suggest(trial, f"{name}.{dotted}", rng)
+    if sm_split_axis and spec.length.policy != "none":
+        overrides["execution.sm_split"] = trial.suggest_categorical(f"{name}.execution.sm_split",
+                                                                    [0.0, *SM_SPLITS])
+    return apply_overrides(spec, overrides) if overrides else spec
+
+
+def default_trials(specs: dict[str, StrategySpec], sm_split_axis: bool) -> list[dict[str, Any]]:
+    """Each candidate at its preset values, as trial parameters (enqueued first, so the search starts
+    from every strategy as published and TPE refines from there; a default outside its own search
+    range is left for the sampler)."""
+    out = []
+    for name, spec in specs.items():
+        params: dict[str, Any] = {"strategy": name}
+        for dotted, rng in search_space(spec).items():
+            section, _, param = dotted.partition(".")
+            current = spec.execution.model_dump()[param] if section == "execution" else \
+                getattr(spec, section).params.get(param)
+            values = current if isinstance(current, list) else [current]
+            keys = [f"{name}.{dotted}[{i}]" for i in range(len(values))] if isinstance(current, list) \
+                else [f"{name}.{dotted}"]
+            for key, value in zip(keys, values):
+                inside = (value in (rng.choices or []) if rng.type == "categorical"
+                          else value is not None and rng.low <= value <= rng.high)
+                if inside:
+                    params[key] = value
+        if sm_split_axis and spec.length.policy != "none":
+            params[f"{name}.execution.sm_split"] = 0.0
+        out.append(params)
+    return out
+
+
+# --- one trial on the simulator ------------------------------------------------------------------------
+
+
+class SimReplay:
+    """The workload's requests and a simulator calibrated by the profile, loaded once per tune."""
+
+    def __init__(self, spec: TuneSpec):
+        from autospec.engines.sim import SimEngine
+        from autospec.fit import load_fit
+        from autospec.serving.loop import ServeRequest, SyntheticPrompt
+        from autospec.workloads.spec import load_workload
+
+        if not (spec.profile / "profile").is_dir():
+            raise InputError("not a profiled run directory (no profile/ inside; run `autospec profile` first)",
+                             path=spec.profile)
+        self.trace = load_workload(spec.workload)
+        self.base = SimEngine.from_dirs(spec.profile, k_max=spec.k_max, seed=spec.seed)
+        self.k_max = self.base.k_max
+        fit_file = spec.profile / "fit" / "models.json"
+        self.latency_model = load_fit(spec.profile).latency_model if fit_file.is_file() else self.base.latency_model
+        vocab = getattr(self.base, "vocab_size", 1)
+        self.requests = [ServeRequest(r.req_id, r.arrival_s, SyntheticPrompt(r.prompt_len, vocab, r.req_id),
+                                      r.output_len, r.domain) for r in self.trace.requests()]
+        self.spec = spec
+
+    def run(self, strategy: StrategySpec, on_finish: Callable | None = None) -> dict[str, Any]:
+        from autospec.engines.sim import SimEngine
+        from autospec.serving.loop import serve
+        from autospec.serving.step import StepSettings
+        from autospec.strategy import build_strategy
+
+        engine = SimEngine(self.base.traces, self.base.costs, k_max=self.k_max, seed=self.spec.seed)
+        settings = StepSettings(k_max=self.k_max, latency_model=self.latency_model,
+                                slo_tpot_s=self.spec.slo.tpot_s, sm_split=strategy.execution.sm_split or None)
+        records = serve(engine, build_strategy(strategy), self.requests, max_batch=self.spec.max_batch,
+                        settings=settings, on_finish=on_finish)
+        return compute_metrics(records.requests_frame(), records.steps_frame(), self.spec.slo)
+
+
+class GoodputSoFar:
+    """Pruning signal: goodput of the requests finished so far, reported at every tenth of the workload."""
+
+    def __init__(self, trial, replay: SimReplay):
+        self.trial, self.slo, self.n = trial, replay.spec.slo, len(replay.requests)
+        self.first_arrival = min((r.arrival_s for r in replay.requests), default=0.0)
+        self.finished = self.met = 0
+        self.next_report = 1
+
+    def __call__(self, record) -> None:
+        import optuna
+
+        self.finished += 1
+        ttft = record.first_token_s - record.arrival_s
+        tpot = ((record.finish_s - record.first_token_s) / (record.max_tokens - 1)
+                if record.max_tokens > 1 else 0.0)
+        self.met += ttft <= self.slo.ttft_s and tpot <= self.slo.tpot_s
+        if self.finished * CHECKPOINTS >= self.next_report * self.n and self.next_report < CHECKPOINTS:
+            elapsed = max(record.finish_s - self.first_arrival, 1e-9)
+            self.trial.report(self.met / elapsed, self.next_report)
+            self.next_report += 1
+            if self.trial.should_prune():
+                self.trial.set_constraint("slo_attainment", 1.0)  # unknown: count it infeasible
+                raise optuna.TrialPruned(f"goodput so far below the median at {self.next_report - 1}/10")
+
+
+# --- the study -------------------------------------------------------------------------------------------
+
+
+def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
+    """Same settings → same study (resume); any setting that changes a trial's result → a new study."""
+    from autospec.artifacts import sha256_file
+
+    key = {
+        "workload": sha256_file(spec.workload) if spec.workload.is_file() else str(spec.workload),
+        "profile": str(spec.profile.resolve()), "objective": spec.objective, "slo": spec.slo.model_dump(),
+        "min_attainment": spec.min_attainment, "strategies": {n: s.model_dump(mode="json") for n, s in specs.items()},
+        "max_batch": spec.max_batch, "k_max": spec.k_max, "seed": spec.seed, "prune": spec.prune,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"autospec-{spec.workload.stem}-{spec.objective}-{digest}"
+
+
+def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec]):
+    import optuna
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    url = spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}"
+    if spec.storage is None:
+        (out_dir / "tune").mkdir(parents=True, exist_ok=True)
+    from sqlalchemy.exc import IntegrityError
+
+    for attempt in range(5):
+        try:
+            storage = RDBStorage(url, heartbeat_interval=10, grace_period=30,
+                                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+            break
+        except IntegrityError:
+            # Workers started together on a fresh database race to create Optuna's tables; the loser
+            # finds them created a moment later.
+            time.sleep(0.5 * (attempt + 1))
+        except Exception as exc:  # bad URL, missing driver, unreachable server: SQLAlchemy's many errors
+            text = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise InputError(f"cannot open the Optuna storage: {text}", field="storage") from None
+    else:
+        raise InputError("cannot open the Optuna storage: its tables could not be created", field="storage")
+    if spec.objective == "multi":
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.NSGAIISampler(seed=spec.seed)
+        kwargs: dict[str, Any] = {"directions": ["maximize", "minimize"]}
+        pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()  # Optuna prunes single-objective only
+    else:
+        sampler = optuna.samplers.TPESampler(seed=spec.seed)  # reads trial.set_constraint
+        kwargs = {"direction": "maximize"}
+        pruner = (optuna.pruners.MedianPruner(n_startup_trials=8, n_warmup_steps=4) if spec.prune
+                  else optuna.pruners.NopPruner())
+    name = spec.study_name or default_study_name(spec, specs)
+    return optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+                               load_if_exists=True, **kwargs)
+
+
+def _constraints(trial) -> list[float]:
+    """The trial's constraint values (≤ 0 feasible); unfinished/pruned trials count as infeasible."""
+    return list(trial.user_attrs.get("constraint", [1.0]))
+
+
+def _counted(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the study to `spec.trials` counted trials, then write tune/ and deploy/."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    specs = candidate_specs(spec.strategies)
+    replay = SimReplay(spec)  # bad workload/profile: fails here, before the study is created
+    sm_axis = profile_has_sm_split(spec.profile)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = open_study(spec, out_dir, specs)
+
+    def objective(trial):
+        # ≤ 0 is feasible (attainment ≥ the target); a pruned trial keeps the pessimistic default
+        trial.set_user_attr("constraint", [1.0])
+        trial.set_user_attr("worker", WORKER)  # which `autospec tune` process ran it (scale-out runs)
+        strategy = sample_strategy(trial, specs, sm_axis)
+        trial.set_user_attr("spec", strategy.model_dump(mode="json"))
+        hook = GoodputSoFar(trial, replay) if spec.objective == "goodput" and spec.prune else None
+        metrics = replay.run(strategy, on_finish=hook)
+        for key in HEADLINE:
+            value = metrics.get(key)
+            if value is not None and key != "speedup_vs_no_sd":
+                trial.set_user_attr(key, float(value))
+        attainment = metrics["slo_attainment"] or 0.0
+        trial.set_user_attr("constraint", [spec.min_attainment - attainment])
+        trial.set_constraint("slo_attainment", spec.min_attainment - attainment)
+        if spec.objective == "multi":
+            return float(metrics["throughput_tok_s"] or 0.0), float(metrics["tpot_p99"] or math.inf)
+        return float(metrics["goodput"] or 0.0)
+
+    if not study.get_trials(deepcopy=False):  # a new study starts from every candidate's defaults
+        for params in default_trials(specs, sm_axis)[: spec.trials]:
+            study.enqueue_trial(params, skip_if_exists=True)
+    remaining = spec.trials - _counted(study)
+    if remaining > 0:
+        callbacks = [MaxTrialsCallback(spec.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))]
+        if progress is not None:
+            callbacks.append(lambda st, _t: progress(_counted(st), spec.trials))
+        study.optimize(objective, n_trials=remaining, callbacks=callbacks, catch=(InputError,))
+    return write_results(spec, out_dir, study, replay)
+
+
+# --- results ---------------------------------------------------------------------------------------------
+
+
+def _feasible(trial, spec: TuneSpec) -> bool:
+    return _constraints(trial)[0] <= 0
+
+
+def ranked_trials(study, spec: TuneSpec) -> list:
+    """Completed trials, best first: feasible before infeasible, then by goodput (or, for multi, by
+    throughput among the Pareto front first)."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if spec.objective == "multi":
+        front = {t.number for t in study.best_trials}
+        return sorted(done, key=lambda t: (t.number not in front, not _feasible(t, spec), -t.values[0]))
+    return sorted(done, key=lambda t: (not _feasible(t, spec), -t.value if _feasible(t, spec)
+                                       else _constraints(t)[0]))
+
+
+def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay) -> dict[str, Any]:
+    from autospec.artifacts import write_json, write_parquet, write_text
+    from autospec.deploy import write_deploy
+
+    ranked = ranked_trials(study, spec)
+    if not ranked:
+        raise InputError("no trial completed (every trial failed or was pruned); see the study in "
+                         f"{spec.storage or out_dir / 'tune' / 'study.db'}", field="trials")
+    best = ranked[0]
+    best_spec = StrategySpec.model_validate(best.user_attrs["spec"])
+    frame = study.trials_dataframe(attrs=("number", "value" if spec.objective == "goodput" else "values",
+                                          "state", "datetime_start", "datetime_complete", "duration",
+                                          "params", "user_attrs"))
+    frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_spec", "user_attrs_constraint")])
+    frame["state"] = frame["state"].astype(str)
+    for col in frame.columns:  # parquet wants plain types: timedeltas as seconds, mixed params as text
+        if pd.api.types.is_timedelta64_dtype(frame[col]):
+            frame[col] = frame[col].dt.total_seconds()
+        elif frame[col].dtype == object and col.startswith("params_"):
+            frame[col] = frame[col].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v))
+                                        else str(v))
+    frame["feasible"] = [_constraints(t)[0] <= 0 if t.state.name == "COMPLETE" else False
+                         for t in study.get_trials(deepcopy=False)]
+    write_parquet(out_dir / "tune" / "trials.parquet", frame)
+    if spec.objective == "multi":
+        rows = [{"number": t.number, "strategy": t.params["strategy"], "throughput_tok_s": t.values[0],
+                 "tpot_p99": t.values[1], "goodput": t.user_attrs.get("goodput"),
+                 "slo_attainment": t.user_attrs.get("slo_attainment")} for t in study.best_trials]
+        write_parquet(out_dir / "tune" / "pareto.parquet", pd.DataFrame(rows))
+
+    importances: dict[str, float] = {}
+    try:
+        import optuna
+
+        target = None if spec.objective == "goodput" else (lambda t: t.values[0])
+        importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
+            study, target=target, params=["strategy"] + _shared_params(study)).items()}
+    except (RuntimeError, ValueError):
+        pass  # too few completed trials, or a single distinct value: no importance to report
+
+    confirmed = confirm_on_real_engine(spec, ranked, replay) if spec.confirm_top else []
+    tuned = best_spec.model_copy(update={"strategy": best_spec.strategy.model_copy(update={
+        "name": f"tuned-{best_spec.name}",
+        "description": f"autospec tune trial {best.number} on {spec.workload.name}: {best_spec.name} with "
+                       + (", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in best.params.items() if k != "strategy")
+                          or "its preset values")})})
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "study_name": study.study_name,
+        "storage": spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}",
+        "objective": spec.objective,
+        "direction": "maximize" if spec.objective == "goodput" else None,
+        "directions": ["maximize", "minimize"] if spec.objective == "multi" else None,
+        "objectives": ["goodput"] if spec.objective == "goodput" else ["throughput_tok_s", "tpot_p99"],
+        "slo": spec.slo.model_dump(), "min_attainment": spec.min_attainment,
+        "workload": str(spec.workload), "profile": str(spec.profile), "max_batch": spec.max_batch,
+        "trials": {state: int(n) for state, n in frame["state"].value_counts().items()},
+        "best": {"number": best.number, "strategy": best.params["strategy"], "name": tuned.name,
+                 "params": {k: v for k, v in best.params.items() if k != "strategy"},
+                 "value": best.value if spec.objective == "goodput" else list(best.values),
+                 "feasible": _feasible(best, spec),
+                 "metrics": {k: best.user_attrs.get(k) for k in HEADLINE if k in best.user_attrs}},
+        "param_importances": importances,
+        "confirmed": confirmed,
+    }
+    write_text(out_dir / "tune" / "best.toml", spec_to_toml(tuned))
+    summary["deploy"] = write_deploy(out_dir / "deploy", tuned, spec.pair, spec.max_batch,
+                                     fallback=best_expressible(ranked, spec))
+    write_json(out_dir / "tune" / "summary.json", summary)
+    return summary
+
+
+def best_expressible(ranked: list, spec: TuneSpec) -> tuple[StrategySpec, str] | None:
+    """The best-ranked trial whose strategy vLLM can run, for deploy/ when the best one cannot."""
+    from autospec.deploy import vllm_config
+
+    for trial in ranked:
+        candidate = StrategySpec.model_validate(trial.user_attrs["spec"])
+        if vllm_config(candidate, spec.pair, spec.max_batch)["supported"]:
+            value = trial.value if spec.objective == "goodput" else trial.values[0]
+            return candidate, f"tune trial {trial.number}, objective {value:.4g}"
+    return None
+
+
+def _shared_params(study) -> list[str]:
+    """Parameters every completed trial has (fANOVA needs a common space): none but `strategy`
+    unless a single strategy was searched."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    common = set.intersection(*(set(t.params) for t in done)) if done else set()
+    return sorted(common - {"strategy"})
+
+
+def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: SimReplay) -> list[dict[str, Any]]:
+    """Re-run the best `confirm_top` distinct configurations on the torch engine (the bundled pair or
+    --target/--draft) and put the real metrics next to the simulated ones."""
+    from autospec.evaluate import _torch_prompts
+    from autospec.generate import build_engine
+    from autospec.serving.loop import ServeRequest, serve
+    from autospec.serving.step import StepSettings
+    from autospec.strategy import build_strategy
+
+    engine = build_engine(spec.pair, EngineSpec(k_max=replay.k_max, seed=spec.seed), 0.0)
+    prompts = _torch_prompts(replay.trace, engine, spec.pair)
+    requests = [ServeRequest(r.req_id, r.arrival_s, p, r.max_tokens, r.domain)
+                for r, p in zip(replay.requests, prompts)]
+    seen: set[str] = set()
+    out = []
+    for trial in ranked:
+        key = json.dumps(trial.user_attrs["spec"], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        strategy = StrategySpec.model_validate(trial.user_attrs["spec"])
+        settings = StepSettings(k_max=replay.k_max, latency_model=replay.latency_model, slo_tpot_s=spec.slo.tpot_s)
+        records = serve(engine, build_strategy(strategy), requests, max_batch=spec.max_batch, settings=settings)
+        real = compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo)
+        out.append({"number": trial.number, "strategy": trial.params["strategy"],
+                    "sim": {k: trial.user_attrs.get(k) for k in ("goodput", "throughput_tok_s", "tpot_mean",
+                                                                "tpot_p99", "slo_attainment")},
+                    "real": {k: real.get(k) for k in ("goodput", "throughput_tok_s", "tpot_mean", "tpot_p99",
+                                                      "slo_attainment")}})
+        if len(out) >= spec.confirm_top:
+            break
+    return out
+
+
+def spec_from_flags(**flags: Any) -> TuneSpec:
+    try:
+        return TuneSpec.model_validate(flags)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(first["msg"], field=".".join(str(p) for p in first["loc"])) from None
+

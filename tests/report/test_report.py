@@ -1,0 +1,265 @@
+"""`autospec report` on a real run directory (synthetic profile → fit → sim evaluation → Optuna study):
+the two files, escaping of user strings, the bad-input contract, and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
+from stage_helpers import write_synthetic_run  # noqa: E402
+
+from autospec.artifacts import read_json, write_json  # noqa: E402
+from autospec.fit import fit_profile, write_fit  # noqa: E402
+
+AUTOSPEC = [sys.executable, "-m", "autospec.cli"]
+EVIL = "<script>alert(1)</script>"
+EVIL_STRATEGY = "<img src=x onerror=alert(2)>"
+CHROMIUM = Path("/usr/bin/chromium")
+
+WORKLOAD = f"""
+[workload]
+name = "{EVIL}"
+format = "synthetic"
+generator = "poisson"
+rate = 8.0
+duration_s = 10.0
+max_requests = 30
+mean_prompt_tokens = 24
+mean_output_tokens = 12
+max_prompt_tokens = 48
+max_output_tokens = 24
+domains = {{ code = 1, chat = 1 }}
+seed = 1
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*AUTOSPEC, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def _write_tuning(run: Path) -> None:
+    """A real (tiny) Optuna study stored the way `autospec tune` stores one."""
+    import optuna
+
+    from autospec.artifacts import write_parquet
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
+
+    def objective(trial):
+        k = trial.suggest_int("k", 1, 8)
+        s = trial.suggest_categorical("strategy", ["static", EVIL_STRATEGY])
+        return 1.0 + 0.1 * k - 0.02 * k * k + (0.05 if s == "static" else 0.0)
+
+    study.optimize(objective, n_trials=12)
+    write_parquet(run / "tune" / "trials.parquet", study.trials_dataframe())
+    write_json(run / "tune" / "summary.json", {
+        "objective": "goodput", "direction": "maximize",
+        "best": {"strategy": study.best_params["strategy"], "params": study.best_params, "value": study.best_value},
+        "param_importances": optuna.importance.get_param_importances(study)})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    run = write_synthetic_run(root / "run")
+    write_fit(run, fit_profile(run))
+    workload = root / "evil.toml"
+    workload.write_text(WORKLOAD)
+    preset = root / "evil-strategy.toml"
+    preset.write_text((Path(__file__).resolve().parents[2] / "policies" / "static-k2.toml").read_text()
+                      .replace('name = "static-k2"', f'name = "{EVIL_STRATEGY}"'))
+    res = run_cli("evaluate", "--engine", "sim", "--profile", str(run), "--workload", str(workload),
+                  "--strategies", f"static-k2,adaspec,{preset}", "--out", str(run), "--k-max", "4",
+                  "--max-batch", "4")
+    assert res.returncode == 0, res.stderr
+    # A second evaluation of the same workload in a sub-run whose folder name is hostile. It is the
+    # same data relabelled as a real-engine run: enough to exercise the simulator-vs-real section.
+    other = run / EVIL.replace("/", "_") / "eval"
+    shutil.copytree(run / "eval", other)
+    summary = read_json(other / "summary.json")
+    summary["engine"]["kind"] = "torch"
+    for metrics in summary["strategies"].values():
+        metrics["tpot_mean"]["mean"] *= 1.1
+    write_json(other / "summary.json", summary)
+    _write_tuning(run)
+    res = run_cli("report", str(run))
+    assert res.returncode == 0, res.stderr
+    return run
+
+
+def test_report_and_summary_are_written(run_dir):
+    page = (run_dir / "report.html").read_text()
+    summary = (run_dir / "summary.md").read_text()
+    # Self-contained: plotly.js inlined exactly once, no external script or stylesheet.
+    assert page.count("* plotly.js v") == 1
+    assert not re.search(r"<script[^>]*\ssrc=", page) and "<link" not in page
+    for section in ("Strategies", "Simulator vs real engine", "Latency model fit", "Acceptance calibration",
+                    "Tuning", "Manifest"):
+        assert section in page and (section in summary or section in ("Acceptance calibration", "Tuning",
+                                                                      "Manifest"))
+    n = int(re.search(r"(\d+) figures", page).group(1))
+    assert n >= 12 and len(re.findall(r'id="figure-\d+"', page)) == n
+    escaped = EVIL_STRATEGY.replace("<", "&lt;").replace(">", "&gt;")
+    for name in ("no-sd", "static-k2", "adaspec", escaped):
+        assert f"| {name} |" in summary
+    assert "STS acceptance calibration" in summary and "Best tuned configuration" in summary
+    assert re.search(r"\| static-k2 \| [0-9.e-]+", summary)
+
+
+def test_user_strings_are_escaped(run_dir):
+    page = (run_dir / "report.html").read_text()
+    summary = (run_dir / "summary.md").read_text()
+    for raw in (EVIL, EVIL_STRATEGY, "<script>alert"):
+        assert raw not in page and raw not in summary
+    assert "&lt;script&gt;alert(1)" in page  # the workload name and the folder name, shown as text
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page and "&lt;img src=x onerror=alert(2)&gt;" in summary
+
+
+def test_custom_output_file(run_dir, tmp_path):
+    res = run_cli("report", str(run_dir), "-o", str(tmp_path / "out" / "r.html"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "r.html").stat().st_size > 1_000_000
+    assert (tmp_path / "out" / "summary.md").is_file()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "bad_summary"])
+def test_bad_run_directory_is_one_line_exit_2_and_writes_nothing(tmp_path, make):
+    run = tmp_path / "run"
+    if make != "missing":
+        run.mkdir()
+    if make == "bad_summary":
+        (run / "eval").mkdir()
+        (run / "eval" / "summary.json").write_text("{not json")
+    res = run_cli("report", str(run))
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("error:"), res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (run / "report.html").exists() and not (run / "summary.md").exists()
+
+
+# --- headless Chromium ---------------------------------------------------------------------------
+
+
+def png_pixels(data: bytes) -> np.ndarray:
+    """Decode an 8-bit, non-interlaced RGB(A) PNG (what Chromium writes) without an imaging library."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", chunk)
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows = np.zeros((height, stride), np.int32)
+    prev = np.zeros(stride, np.int32)
+    for y in range(height):
+        ftype = raw[y * (stride + 1)]
+        line = np.frombuffer(raw, np.uint8, stride, y * (stride + 1) + 1).astype(np.int32)
+        if ftype == 0:
+            cur = line
+        elif ftype == 2:
+            cur = (line + prev) & 255
+        else:  # Sub, Average, Paeth depend on the pixel to the left: decode sequentially
+            cur = np.zeros(stride, np.int32)
+            for i in range(stride):
+                a = cur[i - bpp] if i >= bpp else 0
+                b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
+                if ftype == 1:
+                    pred = a
+                elif ftype == 3:
+                    pred = (a + b) // 2
+                else:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                cur[i] = (line[i] + pred) & 255
+        rows[y] = prev = cur
+    return rows.reshape(height, width, bpp)[:, :, :3]
+
+
+def chromium(page: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Chromium, headless and offline: proxy to a closed port and no DNS, so any fetch fails."""
+    return subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-extensions", f"--user-data-dir={tmp_path / 'profile'}", "--proxy-server=127.0.0.1:9",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0",
+         "--virtual-time-budget=10000", *extra, page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium not installed (.ci/run installs it)")
+def test_report_renders_offline_in_headless_chromium(run_dir, tmp_path):
+    page = run_dir / "report.html"
+    n = int(re.search(r"(\d+) figures", page.read_text()).group(1))
+    res = chromium(page, tmp_path, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    # Every figure div became a plotly plot holding an SVG; the page's own error box stayed hidden.
+    plots = re.findall(r'<div id="(figure-\d+)" class="([^"]*)"', dom)
+    assert len(plots) == n
+    assert all("js-plotly-plot" in cls for _, cls in plots), plots
+    for fig_id, _ in plots:
+        start = dom.index(f'id="{fig_id}"')
+        nxt = dom.find('<div id="figure-', start + 1)
+        assert 'class="main-svg"' in dom[start: nxt if nxt > 0 else len(dom)], fig_id
+    assert '<div id="render-errors" hidden=""></div>' in dom
+    assert not re.search(r"<img\b|<script>alert", dom)  # hostile names stayed text, never elements
+    # Chromium logs every console message of the page (any level) as CONSOLE on stderr.
+    console = [line for line in res.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+
+    shot = tmp_path / "shot.png"
+    res = chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", "--hide-scrollbars")
+    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    pixels = png_pixels(shot.read_bytes())
+    assert pixels.shape[:2] == (1600, 1280)
+    colors = np.unique(pixels[::4, ::4].reshape(-1, 3), axis=0)
+    assert pixels.std() > 10 and len(colors) > 50, (pixels.std(), len(colors))  # text, tables and plots
+
+
+def test_figures_are_none_without_data_and_handle_multi_objective_tuning():
+    import optuna
+    import pandas as pd
+
+    from autospec.report import figures as F
+
+    assert F.latency_cdfs(None, "x") is None and F.timeline(None, "x") is None
+    assert F.latency_fit(None, None) is None and F.calibration(None, None) is None
+    assert F.optuna_history(None, None) is None and F.param_importances({}) is None
+    assert F.sim_vs_real([]) is None and F.eval_acceptance({"per_position_acceptance": {"no-sd": []}}, "x") is None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: (100 * t.suggest_float("x", 0, 1), t.suggest_float("y", 0.1, 1)), n_trials=8)
+    trials = study.trials_dataframe()
+    front = pd.DataFrame([{"number": t.number, "throughput_tok_s": t.values[0], "tpot_p99": t.values[1],
+                           "strategy": EVIL} for t in study.best_trials])
+    summary = {"objective": "multi", "directions": ["maximize", "minimize"],
+               "objectives": ["throughput_tok_s", "tpot_p99"],
+               "param_importances": {"throughput_tok_s": {"x": 0.9, "y": 0.1}}}
+    history = F.optuna_history(trials, summary)
+    assert len(history.data) == 4  # trials + best-so-far per objective
+    assert list(history.data[3].y) == list(np.fmin.accumulate(trials["values_1"].to_numpy()))
+    assert [b.y for b in F.param_importances(summary).data][0] == ("y", "x")
+    pareto = F.tune_pareto(trials, front)
+    assert EVIL not in pareto.to_json() and len(pareto.data) == 2

@@ -1,0 +1,253 @@
+"""`autospec tune` and `deploy/`: artifacts, resume, SIGKILL safety, two workers on one PostgreSQL
+study, deployable configs, bad input. Trials run on the simulator over a synthetic profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from autospec.config import PairSpec
+from autospec.deploy import CONFIG_FILE, STRATEGY_FILE, vllm_form, write_deploy
+from autospec.fit import fit_profile, write_fit
+from autospec.strategy import apply_overrides, load_preset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
+from stage_helpers import write_synthetic_run  # noqa: E402
+
+WORKLOAD = """
+[workload]
+name = "tune-test"
+format = "synthetic"
+generator = "poisson"
+rate = 40.0
+duration_s = 2.0
+max_requests = 60
+mean_prompt_tokens = 64
+mean_output_tokens = 24
+max_prompt_tokens = 128
+max_output_tokens = 48
+domains = { code = 1, chat = 1 }
+prompts = []
+seed = 0
+"""
+FEW = "no-sd,static-k2,k-schedule,lp-sjf"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    run = write_synthetic_run(root / "profiled")
+    write_fit(run, fit_profile(run))
+    workload = root / "w.toml"
+    workload.write_text(WORKLOAD)
+    return run, workload
+
+
+def tune_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autospec", "tune", *args], capture_output=True, text=True,
+                          timeout=600, **kwargs)
+
+
+def base_args(setup, out: Path, trials: int, *extra: str) -> list[str]:
+    run, workload = setup
+    return ["--workload", str(workload), "--profile", str(run), "--out", str(out), "--trials", str(trials),
+            "--strategies", FEW, "--slo-ttft", "0.5", "--slo-tpot", "0.02", *extra]
+
+
+def study_of(out: Path) -> optuna.Study:
+    summary = json.loads((out / "tune" / "summary.json").read_text())
+    return optuna.load_study(study_name=summary["study_name"], storage=summary["storage"])
+
+
+def test_tune_writes_every_artifact_and_resumes(setup, tmp_path):
+    out = tmp_path / "run"
+    first = tune_cli(*base_args(setup, out, 6), "--json")
+    assert first.returncode == 0, first.stderr
+    summary = json.loads(first.stdout)
+    for name in ("best.toml", "trials.parquet", "summary.json", "study.db"):
+        assert (out / "tune" / name).is_file(), name
+    for name in (STRATEGY_FILE, CONFIG_FILE, "README.md"):
+        assert (out / "deploy" / name).is_file(), name
+    trials = pd.read_parquet(out / "tune" / "trials.parquet")
+    assert len(trials) == 6 and set(trials["params_strategy"]) <= set(FEW.split(","))
+    # the first trials are the candidates at their preset values, in order
+    assert list(trials["params_strategy"][:4]) == FEW.split(",")
+    best = load_preset(out / "tune" / "best.toml")  # a loadable preset
+    assert best.name == summary["best"]["name"]
+    done = trials["value"].dropna()
+    feasible = trials[trials["feasible"]]
+    expected = feasible["value"].max() if len(feasible) else None
+    if expected is not None:
+        assert summary["best"]["value"] == pytest.approx(expected)
+    assert summary["best"]["value"] <= done.max() + 1e-12
+
+    # the same command continues the same study up to the new total; nothing is re-run
+    again = tune_cli(*base_args(setup, out, 9), "--json")
+    assert again.returncode == 0, again.stderr
+    trials2 = pd.read_parquet(out / "tune" / "trials.parquet")
+    assert len(trials2) == 9
+    pd.testing.assert_series_equal(trials2["value"][:6], trials["value"], check_names=False)
+
+
+def test_sigkill_mid_study_loses_no_completed_trial(setup, tmp_path):
+    out = tmp_path / "run"
+    args = base_args(setup, out, 40, "--no-prune")
+    proc = subprocess.Popen([sys.executable, "-m", "autospec", "tune", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    storage = f"sqlite:///{(out / 'tune' / 'study.db').resolve()}"
+    completed: dict[int, float] = {}
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if not (out / "tune" / "study.db").exists():
+                continue
+            try:
+                names = optuna.get_all_study_names(storage)
+                if not names:
+                    continue
+                study = optuna.load_study(study_name=names[0], storage=storage)
+                done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+            except Exception:  # the database is being created
+                continue
+            if len(done) >= 4:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, "tune finished before it could be killed"
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    completed = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
+    assert len(completed) >= 4
+
+    resumed = tune_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    after = {t.number: t for t in study_of(out).get_trials(deepcopy=False)}
+    for number, value in completed.items():
+        assert after[number].state.name == "COMPLETE" and after[number].value == value
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in after.values()) >= 40
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for root in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (root / name).is_file():
+            return str(root / name)
+    return None
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL server (Debian's postgresql; .ci/run installs it), as the postgres user
+    when running as root (the server refuses root)."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    # pytest's tmp_path is private to root; the server's user needs its own folder it can reach
+    base = Path(tempfile.mkdtemp(prefix="autospec-pg-"))
+    data, sock = base / "pgdata", base / "pgsock"
+    sock.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        for path in (base, sock):
+            shutil.chown(path, "postgres")
+    port = _free_port()
+    try:
+        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+                       capture_output=True)
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-w", "-l", str(base / "pg.log"), "-o",
+                        f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start"], check=True,
+                       capture_output=True)
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_postgresql_study(setup, tmp_path, postgres):
+    trials = 24
+    workers = [subprocess.Popen([sys.executable, "-m", "autospec", "tune",
+                                 *base_args(setup, tmp_path / f"w{i}", trials, "--storage", postgres,
+                                            "--study-name", "shared", "--no-prune")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    errors = [w.communicate(timeout=600)[1] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [e[-2000:] for e in errors]
+    study = optuna.load_study(study_name="shared", storage=postgres)
+    all_trials = study.get_trials(deepcopy=False)
+    numbers = [t.number for t in all_trials]
+    assert sorted(numbers) == list(range(len(numbers)))  # every trial exactly once
+    assert len({t._trial_id for t in all_trials}) == len(all_trials)
+    done = [t for t in all_trials if t.state.name == "COMPLETE"]
+    assert trials <= len(done) <= trials + 1  # MaxTrialsCallback: a racing worker may add one
+    assert len({t.user_attrs["worker"] for t in all_trials}) == 2  # both workers ran trials
+    # and both summaries name the same study
+    starts = {json.loads((tmp_path / f"w{i}" / "tune" / "summary.json").read_text())["study_name"] for i in range(2)}
+    assert starts == {"shared"}
+    assert all(t.state.name in ("COMPLETE", "PRUNED") for t in all_trials)
+
+
+def test_deploy_configs_for_schedule_static_and_unsupported(tmp_path):
+    pair = PairSpec()
+    sched = apply_overrides(load_preset("k-schedule"), {"length.k": [5, 4, 3, 2, 2, 1, 1]})
+    form, rows = vllm_form(sched, max_batch=8)
+    assert form.length.policy == "static" and rows == [(1, 1, 5), (2, 2, 4), (3, 4, 3), (5, 8, 2)]
+    info = write_deploy(tmp_path / "a", sched, pair, 8, validate=False)
+    cfg = json.loads((tmp_path / "a" / CONFIG_FILE).read_text())
+    assert info["vllm_supported"] is True
+    assert cfg == {"method": "draft_model", "model": str(pair.draft), "num_speculative_tokens": 5,
+                   "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 2, 4], [3, 4, 3], [5, 8, 2]],
+                   "draft_sample_method": "greedy"}
+    assert load_preset(tmp_path / "a" / STRATEGY_FILE) == sched
+
+    zero = apply_overrides(load_preset("k-schedule"), {"length.k": [0] * 7})
+    write_deploy(tmp_path / "z", zero, pair, 8, validate=False)
+    assert json.loads((tmp_path / "z" / CONFIG_FILE).read_text()) == {}  # no SD: start vLLM without one
+
+    info = write_deploy(tmp_path / "b", load_preset("adaspec"), pair, 8, validate=False,
+                        fallback=(load_preset("static-k3"), "tune trial 7"))
+    bad = json.loads((tmp_path / "b" / CONFIG_FILE).read_text())
+    assert info["vllm_supported"] is False and bad["supported"] is False
+    assert "adaspec" in bad["notes"][0]
+    assert bad["fallback"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert "not expressible" in (tmp_path / "b" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["unknown-strategy", "empty-space", "bad-storage", "missing-profile", "oracle"])
+def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, case):
+    run, workload = setup
+    out = tmp_path / "out"
+    args = {"unknown-strategy": ["--strategies", "static-k2,no-such-policy"],
+            "empty-space": ["--strategies", " , "],
+            "bad-storage": ["--storage", "notadb://nowhere/x", "--strategies", "static-k2"],
+            "missing-profile": ["--strategies", "static-k2"],
+            "oracle": ["--strategies", "oracle"]}[case]
+    profile = tmp_path / "nope" if case == "missing-profile" else run
+    res = tune_cli("--workload", str(workload), "--profile", str(profile), "--out", str(out), "--trials", "2", *args)
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.stderr
+    assert not (out / "tune" / "summary.json").exists() and not (out / "deploy").exists()

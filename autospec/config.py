@@ -1,6 +1,7 @@
 """Settings as pydantic models: the same models validate CLI flags, TOML files and run artifacts.
 
-A run config TOML has one table per model below (`[pair]`, `[engine]`, `[generate]`); every table and
+A run config TOML has one table per model below (`[pair]`, `[engine]`, `[generate]`, `[slo]`, `[profile]`,
+`[tune]`, `[evaluate]`, plus `stages`, `workload`, `max_batch`); every table and
 key is optional and falls back to the embedded default (the bundled pair on the torch engine over the
 bundled prompt domains). Unknown keys are errors, so a typo never silently falls back to a default.
 """
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autospec.errors import InputError
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
@@ -57,11 +58,72 @@ class GenerateSpec(_Model):
     compare_to_no_sd: bool = False  # also run K=0 and report the speed-up
 
 
+def bundled_workload(name: str) -> Path:
+    """A bundled workload spec (workloads/<name>.toml; autospec/workload_specs is a link to it)."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "workload_specs", here.parent / "workloads"):
+        if (folder / f"{name}.toml").is_file():
+            return folder / f"{name}.toml"
+    return here / "workload_specs" / f"{name}.toml"
+
+
+STAGES = ("generate", "profile", "fit", "tune", "evaluate", "report")
+PIPELINE = ["profile", "fit", "tune", "evaluate", "report"]
+
+
+class SloSpec(_Model):
+    """[chosen] for the bundled ~10M-parameter pair on a CPU (~10 ms/token at batch 1): first token
+    within 1 s, then 50 ms per output token. Set your deployment's numbers."""
+
+    ttft_s: float = Field(1.0, gt=0)
+    tpot_s: float = Field(0.05, gt=0)
+
+
+class ProfileStage(_Model):
+    quick: bool = True  # the ≤ 3 min CPU grid; false = the full grid
+    k_max: int = Field(8, ge=1, le=32)
+    reuse: Path | None = None  # an already profiled (+ fitted) run directory: skip profile (and fit)
+
+
+class TuneStage(_Model):
+    trials: int = Field(40, ge=1)
+    objective: Literal["goodput", "multi"] = "goodput"
+    min_attainment: float = Field(0.9, ge=0.0, le=1.0)
+    strategies: list[str] | None = None  # None = tune's default candidates
+    storage: str | None = None
+
+
+class EvaluateStage(_Model):
+    # On the simulator: these plus the tuned strategy; on the real engine: real_strategies plus it.
+    strategies: list[str] = Field(default_factory=lambda: ["no-sd", "static-k2", "static-k4", "adaspec", "oracle"])
+    real_strategies: list[str] = Field(default_factory=lambda: ["no-sd"])
+    real_engine: bool = True  # also replay on the torch engine (the simulator-vs-real comparison)
+    repeats: int = Field(1, ge=1)
+
+
 class RunSpec(_Model):
     schema_version: int = SCHEMA_VERSION
+    # Which stages run, in order. Default: the pipeline; a config with only a [generate] table keeps
+    # the generate-only run it always meant.
+    stages: list[Literal["generate", "profile", "fit", "tune", "evaluate", "report"]] = Field(
+        default_factory=lambda: list(PIPELINE))
     pair: PairSpec = PairSpec()
     engine: EngineSpec = EngineSpec()
     generate: GenerateSpec = GenerateSpec()
+    workload: Path = Field(default_factory=lambda: bundled_workload("bursty"))
+    slo: SloSpec = SloSpec()
+    max_batch: int = Field(8, ge=1)
+    profile: ProfileStage = ProfileStage()
+    tune: TuneStage = TuneStage()
+    evaluate: EvaluateStage = EvaluateStage()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _generate_only_configs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "stages" not in data and "generate" in data and not (
+                {"profile", "fit", "tune", "evaluate", "workload"} & set(data)):
+            return {**data, "stages": ["generate"]}
+        return data
 
 
 def _first_error(err: ValidationError) -> tuple[str, str]:
@@ -93,6 +155,10 @@ def load_run_spec(path: str | Path) -> RunSpec:
     spec.pair = PairSpec(target=_resolve(base, pair.target),
                          draft=None if pair.draft is None else _resolve(base, pair.draft))
     spec.generate.prompts = [_resolve(base, p) for p in spec.generate.prompts]
+    if "workload" in data:
+        spec.workload = _resolve(base, spec.workload)
+    if spec.profile.reuse is not None:
+        spec.profile.reuse = _resolve(base, spec.profile.reuse)
     return spec
 
 

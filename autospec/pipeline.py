@@ -92,7 +92,11 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
         extra = [str(tuned)] if tuned is not None else []
         common = dict(workload=spec.workload, slo=slo, max_batch=spec.max_batch, repeats=spec.evaluate.repeats,
                       seed=spec.engine.seed, profile=out_dir)
-        sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", **common)
+        from autospec.fit import load_fit
+
+        # the simulator can replay at most the chain length the profile recorded
+        sim_k_max = min(spec.engine.k_max, load_fit(out_dir).models.k_max)
+        sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", k_max=sim_k_max, **common)
         done["evaluate_sim"] = stage("evaluate (simulator)",
                                      lambda: run_evaluate(sim, out_dir / "eval-sim", progress=progress).summary)
         if spec.evaluate.real_engine:

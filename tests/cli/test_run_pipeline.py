@@ -1,0 +1,83 @@
+"""`autospec run` as a pipeline: profile (reused) → fit → tune → evaluate (sim + torch) → report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autospec.strategy import load_preset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
+from stage_helpers import write_synthetic_run  # noqa: E402
+
+WORKLOAD = """
+[workload]
+name = "pipeline-test"
+format = "synthetic"
+generator = "poisson"
+rate = 20.0
+duration_s = 1.0
+max_requests = 10
+mean_prompt_tokens = 32
+mean_output_tokens = 10
+max_prompt_tokens = 64
+max_output_tokens = 16
+domains = { code = 1, chat = 1 }
+seed = 0
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autospec", "run", *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+def test_pipeline_writes_every_stage_and_the_report(tmp_path):
+    profiled = write_synthetic_run(tmp_path / "profiled")
+    (tmp_path / "w.toml").write_text(WORKLOAD)
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+workload = "w.toml"
+max_batch = 4
+[profile]
+reuse = "{profiled}"
+[tune]
+trials = 5
+strategies = ["no-sd", "static-k2", "k-schedule"]
+[evaluate]
+strategies = ["no-sd", "static-k2"]
+real_strategies = ["no-sd"]
+""")
+    out = tmp_path / "run"
+    res = run_cli(str(config), "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert list(result["stages"]) == ["profile", "fit", "tune", "evaluate (simulator)", "evaluate (torch engine)",
+                                      "report"]
+    for rel in ("profile/latency.parquet", "fit/models.json", "tune/best.toml", "tune/trials.parquet",
+                "deploy/vllm_speculative_config.json", "deploy/autospec_strategy.toml", "eval-sim/eval/summary.json",
+                "eval-torch/eval/requests.parquet", "report.html", "summary.md", "manifest.json", "config.toml"):
+        assert (out / rel).is_file(), rel
+    tuned = load_preset(out / "tune" / "best.toml").name
+    sim = json.loads((out / "eval-sim" / "eval" / "summary.json").read_text())["strategies"]
+    real = json.loads((out / "eval-torch" / "eval" / "summary.json").read_text())["strategies"]
+    assert set(sim) == {"no-sd", "static-k2", tuned} and set(real) == {"no-sd", tuned}
+    assert "Simulator" in (out / "report.html").read_text() or "simulator" in (out / "report.html").read_text()
+
+
+def test_bad_run_config_is_one_line_and_exit_2(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('stages = ["profile", "sing"]\n')
+    res = run_cli(str(config), "--out", str(tmp_path / "r"))
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "stages" in res.stderr
+    assert not (tmp_path / "r").exists()
+    config.write_text('workload = "missing.toml"\n[profile]\nreuse = "nowhere"\n')
+    res = run_cli(str(config), "--out", str(tmp_path / "r"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

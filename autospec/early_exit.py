@@ -23,6 +23,11 @@ class EarlyExitParams(PolicyParams):
     start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
     k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
     k_end: int = Field(10, ge=1)  # K_ℓ at layer L − 1 [chosen]
+    # Eq. 10's times when no fitted FASER model supplies them, as fractions of one full verify pass
+    # T_t (only the ratios enter Eq. 6–10): T_ee one rank check (final norm + LM head over the
+    # verified positions), T_pr dropping the pruned positions from the batch [chosen].
+    check_cost_ratio: float = Field(0.05, ge=0.0)
+    prune_cost_ratio: float = Field(0.01, ge=0.0)
 
 
 def start_layer(n_layers: int, fraction: float = 0.4) -> int:

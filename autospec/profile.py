@@ -64,6 +64,9 @@ class ProfileSettings(BaseModel):
     trace_tokens: int = Field(128, ge=2)  # positions per acceptance trace (the target generates K_max more)
     max_prompt_tokens: int = Field(256, ge=1)  # longer prompts keep their last tokens
     seed: int = 0
+    # draft SM shares r to time decode shapes at (CUDA green contexts; the r axis of FASER's models);
+    # empty = no split, sm_split NaN in latency.parquet
+    sm_splits: list[float] = Field(default_factory=list)
 
     @classmethod
     def quick(cls, k_max: int = 8) -> "ProfileSettings":
@@ -90,11 +93,12 @@ def _mad(values: Sequence[float]) -> float:
 def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, int]]:
     """(model, phase, batch, tokens, context) for every shape to time, in measuring order."""
     shapes = []
-    for context in settings.contexts:
-        for batch in settings.batches:
-            for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
-                shapes.append(("target", "decode", batch, tokens, context))
-            shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
+    for _ in settings.sm_splits or [None]:
+        for context in settings.contexts:
+            for batch in settings.batches:
+                for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
+                    shapes.append(("target", "decode", batch, tokens, context))
+                shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
     for tokens in settings.prefill_tokens:
         for model in ("target", "draft"):
             shapes.append((model, "prefill", 1, tokens, 0))
@@ -106,23 +110,30 @@ def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
     """Time every grid shape (median and MAD over `repeats` after `warmup`): decode shapes through the
     engine's own draft/verify calls (`time_engine_calls`), prefill shapes as bare forwards."""
     rows = []
+    split = math.nan
 
     def row(model: str, phase: str, batch: int, tokens: int, context: float, times: Sequence[float]) -> None:
         rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens,
-                     "context": int(round(context)), "sm_split": math.nan, "median_s": float(np.median(times)),
+                     "context": int(round(context)), "sm_split": split, "median_s": float(np.median(times)),
                      "mad_s": _mad(times), "repeats": settings.repeats})
 
     rng = np.random.default_rng(settings.seed)
-    for context in settings.contexts:
-        for batch in settings.batches:
-            cell = time_engine_calls(engine, batch, context, settings, rng)
-            for tokens in range(1, settings.k_max + 2):
-                times, ctx = cell["verify"][tokens]
-                row("target", "decode", batch, tokens, ctx, times)
-            times, ctx = cell["draft"]
-            row("draft", "decode", batch, 1, ctx, times)
-            if advance is not None:
-                advance(settings.k_max + 2)
+    for r in settings.sm_splits or [None]:
+        if r is not None:  # draft and target in green contexts with r and 1 − r of the SMs
+            engine.set_sm_split(r)
+        split = math.nan if r is None else float(r)
+        for context in settings.contexts:
+            for batch in settings.batches:
+                cell = time_engine_calls(engine, batch, context, settings, rng)
+                for tokens in range(1, settings.k_max + 2):
+                    times, ctx = cell["verify"][tokens]
+                    row("target", "decode", batch, tokens, ctx, times)
+                times, ctx = cell["draft"]
+                row("draft", "decode", batch, 1, ctx, times)
+                if advance is not None:
+                    advance(settings.k_max + 2)
+    if settings.sm_splits:
+        engine.set_sm_split(None)  # prefill and acceptance traces run on the whole GPU
     for tokens in settings.prefill_tokens:
         for model in ("target", "draft"):
             times = engine.time_forward(model, 1, tokens, 0, repeats=settings.repeats, warmup=settings.warmup)
@@ -291,35 +302,10 @@ def record_acceptance(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], s
 
 
 def gpu_telemetry() -> dict[str, Any]:
-    """Device state through NVML (nvidia-ml-py): name, memory, clocks, power, temperature, per GPU."""
-    try:
-        import pynvml
-    except ImportError:
-        return {"available": False, "reason": "nvidia-ml-py (pynvml) is not installed"}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return {"available": False, "reason": f"NVML could not start: {exc}"}
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({
-                "index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                "memory_total_bytes": int(mem.total), "memory_used_bytes": int(mem.used),
-                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-                "utilization_gpu_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-            })
-        return {"available": True, "gpus": gpus}
-    except pynvml.NVMLError as exc:
-        return {"available": False, "reason": f"NVML query failed: {exc}"}
-    finally:
-        pynvml.nvmlShutdown()
+    """Device state through NVML (see autospec/telemetry.py, which samples it during the run)."""
+    from autospec.telemetry import snapshot
+
+    return snapshot()
 
 
 # --- parquet with a schema_version ---------------------------------------------------------------------
@@ -338,8 +324,13 @@ class ProfileResult:
 
 
 def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], settings: ProfileSettings,
-                progress: Callable[[str, int], Callable[[int], None]] | None = None) -> ProfileResult:
-    """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback."""
+                progress: Callable[[str, int], Callable[[int], None]] | None = None,
+                latency_from: Callable[[ProfileSettings, Callable[[int], None] | None], pd.DataFrame] | None = None,
+                ) -> ProfileResult:
+    """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback.
+    `latency_from(settings, advance)` measures the latency rows on another engine instead (vLLM:
+    `autospec.engines.vllm_engine.profile_latency`); the acceptance traces still come from `engine`,
+    which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm)."""
     if not prompts:
         raise InputError("no prompts to profile", field="prompts")
     if engine.draft_model is None:
@@ -350,16 +341,20 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
     start = time.perf_counter()
     import torch
 
-    telemetry: dict[str, Any] = {"before": gpu_telemetry()}
-    torch.manual_seed(settings.seed)
-    lat_cb = progress("latency grid", len(latency_grid(settings))) if progress else None
-    latency = measure_latency(engine, settings, lat_cb)
-    acc_cb = progress("acceptance traces", 2 * len(prompts)) if progress else None
-    acceptance = record_acceptance(engine, prompts, settings, acc_cb)
-    telemetry["after"] = gpu_telemetry()
-    telemetry["available"] = bool(telemetry["before"].get("available"))
-    if not telemetry["available"]:
-        telemetry["reason"] = telemetry["before"].get("reason")
+    from autospec.telemetry import TelemetrySampler
+
+    sampler = TelemetrySampler().start()  # SM clock, utilization, memory, power on a background thread
+    try:
+        torch.manual_seed(settings.seed)
+        lat_cb = progress("latency grid", len(latency_grid(settings))) if progress else None
+        latency = (measure_latency(engine, settings, lat_cb) if latency_from is None
+                   else latency_from(settings, lat_cb))
+        acc_cb = progress("acceptance traces", 2 * len(prompts)) if progress else None
+        acceptance = record_acceptance(engine, prompts, settings, acc_cb)
+    finally:
+        telemetry = sampler.stop()
+    if telemetry["available"]:
+        telemetry["after"] = gpu_telemetry()
     return ProfileResult(latency, acceptance, telemetry, time.perf_counter() - start)
 
 
@@ -374,3 +369,54 @@ def write_profile(run_dir: Path, result: ProfileResult, settings: ProfileSetting
     write_json(prof / "profile.json", {"settings": settings.model_dump(), "wall_s": result.wall_s,
                                        "latency_rows": len(result.latency),
                                        "acceptance_rows": len(result.acceptance), **extra})
+
+
+def select_prompts(prompt_files: Sequence[Path], per_domain: int):
+    """Acceptance-trace prompts: the bundled domain sets, or the user's files with at most `per_domain`
+    of each domain (a file may mix domains)."""
+    from autospec.workloads.prompts import bundled_prompt_sets, load_prompts
+
+    if not prompt_files:
+        sets = bundled_prompt_sets(limit=per_domain)
+        return [p for domain in sorted(sets) for p in sets[domain]]
+    grouped: dict[str, list] = {}
+    for path in prompt_files:
+        for prompt in load_prompts(path, limit=per_domain):
+            grouped.setdefault(prompt.domain, []).append(prompt)
+    return [p for group in grouped.values() for p in group[:per_domain]]
+
+
+def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files: Sequence[Path] = (),
+                 device: str = "cpu", engine_kind: str = "torch", progress=None) -> ProfileResult:
+    """`autospec profile`: time the pair on `engine_kind` (torch, or vllm for the step latency), record
+    acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json."""
+    import functools
+
+    from autospec.artifacts import build_manifest, write_json
+    from autospec.config import EngineSpec
+    from autospec.generate import build_engine, load_tokenizer
+
+    latency_from = None
+    if engine_kind == "vllm":
+        from autospec.engines import vllm_engine
+
+        vllm_engine.require_vllm()
+        latency_from = functools.partial(vllm_engine.profile_latency, pair.target, pair.draft)
+    for p in (pair.target, pair.draft):
+        if p is None or not (Path(p) / "config.json").is_file():
+            raise InputError("not a model directory (no config.json)", path=p)
+    texts = select_prompts(prompt_files, settings.prompts_per_domain)
+    tokenizer = load_tokenizer(pair.target)
+    encoded = []
+    for t in texts:
+        ids = tokenizer.encode(t.text, add_special_tokens=False)
+        if ids:
+            encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
+    engine = build_engine(pair, EngineSpec(device=device, seed=settings.seed, k_max=settings.k_max), 0.0)
+    result = run_profile(engine, encoded, settings, progress, latency_from=latency_from)
+    write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind})
+    config = {"command": "profile", "settings": settings.model_dump(), "device": device,
+              "pair": pair.model_dump(mode="json")}
+    write_json(out_dir / "manifest.json", build_manifest(
+        config, seed=settings.seed, models={"target": pair.target, "draft": pair.draft}, inputs=list(prompt_files)))
+    return result

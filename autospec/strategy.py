@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autospec.errors import InputError
 from autospec.policies.base import (LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy,
                                     policy_class)
-from autospec.policies.faser_early_exit import EarlyExitParams
+from autospec.early_exit import EarlyExitParams
 
 SECTIONS = ("length", "verify", "schedule")
 
@@ -76,11 +76,16 @@ class ExecutionSpec(_Strict):
     ee_start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
     ee_k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
     ee_k_end: int = Field(10, ge=1)  # K_ℓ at L − 1 [chosen]
+    # Eq. 10's check and pruning costs as fractions of one verify pass, used when no fitted FASER
+    # model gives them [chosen] (autospec/early_exit.py)
+    ee_check_cost_ratio: float = Field(0.05, ge=0.0)
+    ee_prune_cost_ratio: float = Field(0.01, ge=0.0)
 
     @property
     def early_exit_params(self) -> EarlyExitParams:
         return EarlyExitParams(start_fraction=self.ee_start_fraction, k_start=self.ee_k_start,
-                               k_end=self.ee_k_end)
+                               k_end=self.ee_k_end, check_cost_ratio=self.ee_check_cost_ratio,
+                               prune_cost_ratio=self.ee_prune_cost_ratio)
 
 
 class SearchRange(_Strict):
@@ -268,3 +273,10 @@ def apply_overrides(spec: StrategySpec, overrides: Mapping[str, Any]) -> Strateg
             raise InputError(f"cannot override {dotted!r}: use <section>.<param>", field=dotted)
         data[kind][name] = value
     return spec_from_dict(data)
+
+
+def spec_to_toml(spec: StrategySpec) -> str:
+    """The spec as a preset file (load_preset reads it back to an equal spec)."""
+    import tomli_w
+
+    return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))

@@ -390,8 +390,10 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay) -> di
         import optuna
 
         target = None if spec.objective == "goodput" else (lambda t: t.values[0])
-        importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
-            study, target=target, params=["strategy"] + _shared_params(study)).items()}
+        with warnings.catch_warnings():  # "importances will be equal" on a flat study: the numbers say so
+            warnings.simplefilter("ignore", UserWarning)
+            importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
+                study, target=target, params=["strategy"] + _shared_params(study)).items()}
     except (RuntimeError, ValueError):
         pass  # too few completed trials, or a single distinct value: no importance to report
 

@@ -150,11 +150,56 @@ class CompactLlama:
         self.device = torch.device(device)
         self.dtype = dtype
         self._load_weights(self._read_safetensors())
+        self._init_rope()
+
+    @classmethod
+    def random(cls, config: dict, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0, std: float = 0.02) -> "CompactLlama":
+        """A model of `config`'s shape with N(0, std) weights (norms at 1), built on `device` without any
+        files: benchmarks at real architecture sizes (e.g. Qwen3-8B-shaped) need no download."""
+        self = cls.__new__(cls)
+        self.path = Path(f"<random:{config.get('architectures', ['LlamaForCausalLM'])[0]}>")
+        self.config = dict(config)
+        self.shape = LlamaShape.from_config(self.config, self.path)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        s = self.shape
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=self.device, dtype=dtype) * std
+
+        ones = lambda n: torch.ones(n, device=self.device, dtype=dtype)  # noqa: E731
+        q, kv, hd = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.head_dim
+        w = {"model.embed_tokens.weight": rand(s.vocab_size, s.hidden_size), "model.norm.weight": ones(s.hidden_size)}
+        if not s.tie_word_embeddings:
+            w["lm_head.weight"] = rand(s.vocab_size, s.hidden_size)
+        for i in range(s.num_layers):
+            p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            w.update({p + "input_layernorm.weight": ones(s.hidden_size),
+                      p + "post_attention_layernorm.weight": ones(s.hidden_size),
+                      a + "q_proj.weight": rand(q, s.hidden_size), a + "k_proj.weight": rand(kv, s.hidden_size),
+                      a + "v_proj.weight": rand(kv, s.hidden_size), a + "o_proj.weight": rand(s.hidden_size, q),
+                      p + "mlp.gate_proj.weight": rand(s.intermediate_size, s.hidden_size),
+                      p + "mlp.up_proj.weight": rand(s.intermediate_size, s.hidden_size),
+                      p + "mlp.down_proj.weight": rand(s.hidden_size, s.intermediate_size)})
+            if s.qkv_bias:
+                w.update({a + "q_proj.bias": rand(q), a + "k_proj.bias": rand(kv), a + "v_proj.bias": rand(kv)})
+            if s.o_bias:
+                w[a + "o_proj.bias"] = rand(s.hidden_size)
+            if s.qk_norm:
+                w.update({a + "q_norm.weight": ones(hd), a + "k_norm.weight": ones(hd)})
+        self._load_weights(w)
+        del w
+        self._init_rope()
+        return self
+
+    def _init_rope(self) -> None:
         s = self.shape
         inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float64) / s.head_dim))
         self._inv_freq = inv_freq.to(torch.float32)
-        self._rope_cos = torch.empty(0, s.head_dim, device=self.device, dtype=dtype)
-        self._rope_sin = torch.empty(0, s.head_dim, device=self.device, dtype=dtype)
+        self._rope_cos = torch.empty(0, s.head_dim, device=self.device, dtype=self.dtype)
+        self._rope_sin = torch.empty(0, s.head_dim, device=self.device, dtype=self.dtype)
 
     # ---------------------------------------------------------------- loading
     def _read_safetensors(self) -> dict[str, torch.Tensor]:
@@ -240,6 +285,10 @@ class CompactLlama:
 
         The caller guarantees `cache.capacity >= lens + Q` for every row. Padded positions write K/V
         beyond a row's real length, where no real query ever looks.
+
+        `layer_hook(layer_index, hidden)` is called after every layer with the residual stream
+        [B, Q', H]; if it returns an int w < Q' the batch continues with positions 0..w-1 only (token-wise
+        early exit), and the logits come back [B, w, V] (or at `logits_at`, which must then be < w).
         """
         s = self.shape
         B, Q = tokens.shape
@@ -290,7 +339,16 @@ class CompactLlama:
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             x = x + layer["down"](F.silu(gate) * up)
             if layer_hook is not None:
-                layer_hook(li, x)
+                width = layer_hook(li, x)
+                if width is not None and 0 < width < Q:
+                    # Early exit: positions >= width leave the remaining layers (their K/V beyond a
+                    # row's committed length are rolled back by length, like rejected drafts).
+                    Q = int(width)
+                    x, positions, row_index = x[:, :Q], positions[:, :Q], row_index[:, :Q]
+                    cos, sin = cos[:, :Q], sin[:, :Q]
+                    kv_len = int((lens + Q).max())
+                    if mask is not None:
+                        mask = mask[:, :, :Q, :kv_len]
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, s.hidden_size))
         return self.head(x)

@@ -12,23 +12,45 @@ Acceptance is lossless: at T=0 a draft token is kept only if it equals the targe
 token-identical to plain greedy decoding); at T>0 it is kept with probability min(1, p/q) and a rejection
 resamples from norm(max(0, p - q)) (Leviathan et al. 2023; Chen et al. 2023), with the bonus token from
 the target after a fully accepted block.
+
+FASER's execution mechanisms (POLICIES.md §4), each lossless by the same argument:
+  early exit    `verify` cuts drafts out of the target's remaining layers (`_early_exit_hook`); the
+                position before the first cut draft runs to full depth, so that draft is tested
+                normally; if it is accepted the step ends without a bonus token (d_a becomes
+                `last_token`, nothing after it is in either cache) — a shorter step, not a different one.
+  frontier      `frontier_step` verifies a step in chunks; a fully accepted chunk commits its drafts
+                without a bonus and keeps the drafts made after it (they were drafted on top of it), so
+                the next chunk's first draft is tested against the target's next position.
+  SM split      draft and target run in their own green context and stream (engines/sm_split.py);
+                on CUDA the next chunk is drafted on a worker thread while the target verifies.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from autospec.contract import DraftToken, StepOutcome
 from autospec.engines.base import GenRequest, PrefillResult
 from autospec.engines.llama import CompactLlama, KVCache
 from autospec.errors import InputError
 
+if TYPE_CHECKING:
+    from autospec.engines.sm_split import SMSplit
+
 KL_CLAMP = 1e-8
+ACCEPT_EWMA = 0.3  # weight of the newest round in a request's acceptance estimate â_i (Eq. 5) [chosen]
+ACCEPT_PRIOR = 0.5  # â_i before a request's first verified draft [chosen]
+
+# (batch, tokens per request, k̂_rej) -> (T_t, T_ee, T_pr) seconds: a fitted FASER model's times for
+# Eq. 10 (autospec/latency.py); without one the engine uses EarlyExitParams' cost ratios.
+EarlyExitTimes = Callable[[int, int, float], "tuple[float, float, float]"]
 
 
 @dataclass
@@ -50,6 +72,7 @@ class _Request:
     round_pending: int = 0
     round_greedy: bool = False  # this round's proposals were the draft's argmax (point masses)
     finished: bool = False
+    acceptance: float = ACCEPT_PRIOR  # EWMA of accepted / verified (â_i, for early exit's Eq. 5)
 
 
 class TorchSDEngine:
@@ -57,8 +80,8 @@ class TorchSDEngine:
 
     def __init__(
         self,
-        target_dir: str | Path,
-        draft_dir: str | Path | None,
+        target_dir: "str | Path | CompactLlama",
+        draft_dir: "str | Path | CompactLlama | None",
         *,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -66,14 +89,30 @@ class TorchSDEngine:
         k_max: int = 8,
         seed: int = 0,
         draft_sampling: str = "sample",
+        early_exit: Any = None,
+        early_exit_times: EarlyExitTimes | None = None,
+        sm_split: float | None = None,
     ):
+        """`early_exit`: an `EarlyExitParams` (autospec/early_exit.py) turns on FASER's
+        token-wise early exit inside `verify`; `early_exit_times` gives Eq. 10 its times (else the
+        params' cost ratios). `sm_split` r in (0, 1): draft and target run in green contexts holding r
+        and 1 − r of the SMs (CUDA only; see autospec/engines/sm_split.py)."""
         if temperature < 0:
             raise InputError(f"temperature must be >= 0, got {temperature}", field="temperature")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise InputError(f"device {device} needs a CUDA GPU and none is available", field="device")
+        self.sm_split: "SMSplit | None" = None
+        if sm_split:
+            from autospec.engines.sm_split import require_cuda
+
+            require_cuda()  # before loading any weights
         self.device = torch.device(device)
-        self.target = CompactLlama(target_dir, self.device, dtype)
-        self.draft_model = CompactLlama(draft_dir, self.device, dtype) if draft_dir is not None else None
+
+        def load(model: "str | Path | CompactLlama") -> CompactLlama:  # a directory, or a built model
+            return model if isinstance(model, CompactLlama) else CompactLlama(model, self.device, dtype)
+
+        self.target = load(target_dir)
+        self.draft_model = load(draft_dir) if draft_dir is not None else None
         if self.draft_model is not None and self.draft_model.shape.vocab_size != self.target.shape.vocab_size:
             raise InputError(
                 f"draft vocabulary ({self.draft_model.shape.vocab_size}) does not match the target's "
@@ -89,7 +128,14 @@ class TorchSDEngine:
         self._by_slot: list[int] = []  # slot -> req_id; active requests always occupy slots 0..n-1
         self._next_id = 0
         self._draft_ns_since_verify = 0
-        self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
+        self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "early_exit_s": 0.0}
+        self.early_exit = early_exit
+        self.early_exit_times = early_exit_times
+        self.early_exit_stats = {"verified": 0, "pruned": 0}  # draft tokens over the engine's life
+        if sm_split:
+            self.set_sm_split(float(sm_split))
+        self._draft_generator = self.generator  # a separate one while draft and verify overlap on CUDA
+        self.frontier_chunk: int | None = None  # set by configure_execution; the serving step reads it
 
     # ------------------------------------------------------------------ helpers
     def now(self) -> float:
@@ -102,8 +148,10 @@ class TorchSDEngine:
             time.sleep(gap)
 
     def _sync(self) -> None:
+        # The current stream only: while draft and target overlap on their own streams, a
+        # device-wide synchronize would serialise them.
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(s) for s in seqs)
@@ -118,11 +166,12 @@ class TorchSDEngine:
         t = self.temperature if self.temperature > 0 else 1.0
         return torch.softmax(logits.float() / t, dim=-1)
 
-    def _choose(self, probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _choose(self, probs: torch.Tensor, logits: torch.Tensor, generator: torch.Generator | None = None
+                ) -> torch.Tensor:
         if self.temperature == 0:
             return logits.argmax(dim=-1)
         flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=self.generator).view(probs.shape[:-1])
+        return torch.multinomial(flat, 1, generator=generator or self.generator).view(probs.shape[:-1])
 
     def _commit(self, req: _Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens until max_tokens or EOS; returns what was actually appended."""
@@ -143,6 +192,30 @@ class TorchSDEngine:
         if mode not in ("sample", "greedy"):
             raise InputError(f"draft_sampling must be 'sample' or 'greedy', got {mode!r}", field="draft_sampling")
         self.draft_sampling = mode
+
+    def configure_execution(self, execution: Any) -> None:
+        """Apply a strategy's execution config (autospec.strategy.ExecutionSpec, duck-typed: engines do not
+        import strategies): early exit on/off with its constants, the frontier chunk size, the SM split."""
+        self.early_exit = execution.early_exit_params if execution.early_exit else None
+        self.frontier_chunk = int(execution.chunk_size) or None
+        self.set_sm_split(float(execution.sm_split or 0.0) or None)
+
+    def set_sm_split(self, r: float | None) -> None:
+        """Run draft and target in green contexts with r and 1 − r of the SMs (None: the whole GPU).
+        Contexts are created once per r and kept in a pool. Without CUDA: a one-line InputError."""
+        if r is None:
+            self.sm_split = None
+            return
+        from autospec.engines.sm_split import SMSplit, require_cuda
+
+        require_cuda()
+        if self.device.type != "cuda":
+            raise InputError(f"SM split needs device cuda, got {self.device}", field="device")
+        pool = getattr(self, "_split_pool", None)
+        if pool is None or r not in pool.counts:
+            pool = self._split_pool = SMSplit(self.device, [r] + (list(pool.counts) if pool else []))
+        pool.select(r)
+        self.sm_split = pool
 
     def request(self, req_id: int) -> _Request:
         try:
@@ -216,6 +289,10 @@ class TorchSDEngine:
         """One more draft token for each request in `req_ids` (one batched draft forward)."""
         if not req_ids:
             return []
+        with self._phase("draft"):  # the draft's green context and stream under an SM split
+            return self._draft(req_ids)
+
+    def _draft(self, req_ids: Sequence[int]) -> list[DraftToken]:
         if self.draft_model is None:
             raise InputError("this engine has no draft model; use K=0", field="draft")
         t0 = time.perf_counter_ns()
@@ -233,7 +310,8 @@ class TorchSDEngine:
         logits = self.draft_model.forward(tokens, self.draft_cache, rows, lens, q_lens, logits_at=(q_lens - 1)[:, None])
         logits = logits[:, 0]
         probs = self._probs(logits)
-        chosen = logits.argmax(-1) if self.draft_sampling == "greedy" else self._choose(probs, logits)
+        chosen = (logits.argmax(-1) if self.draft_sampling == "greedy"
+                  else self._choose(probs, logits, self._draft_generator))
         conf = probs.gather(1, chosen[:, None])[:, 0]
         entropy = -(probs * torch.log(probs.clamp_min(KL_CLAMP))).sum(-1)
         out = []
@@ -254,13 +332,30 @@ class TorchSDEngine:
         return list(self.request(req_id).drafts)
 
     # ------------------------------------------------------------------ verify
+    def _phase(self, which: str):
+        """The green context + stream `which` ("draft" or "target") runs in under an SM split; a no-op
+        context otherwise."""
+        from contextlib import nullcontext
+
+        return nullcontext() if self.sm_split is None else self.sm_split.phase(which)
+
     @torch.inference_mode()
     def verify(self, plan: Mapping[int, int]) -> StepOutcome:
         """Run the target over `plan[req_id]` drafted tokens per request (0 = a plain decode step).
 
         Drafts beyond the verified count are discarded. Returns what each request committed plus the
-        signals policies learn from.
+        signals policies learn from. With early exit on, a request whose draft token was pruned
+        commits the accepted drafts without a bonus token when every tested draft was accepted
+        (module docstring of the early-exit helper `_early_exit_hook`).
         """
+        return self._verify(plan)
+
+    def _verify(self, plan: Mapping[int, int], carry: frozenset[int] = frozenset(),
+                overlap: Callable[[], None] | None = None) -> StepOutcome:
+        """`verify`, plus two things the frontier protocol needs: requests in `carry` that accept
+        their whole verified chunk keep their further drafts (no bonus token; the next chunk's first
+        draft is tested against this chunk's last position when it is verified), and `overlap` runs
+        (the next chunk's drafting) while the target's forward pass is in flight."""
         t0 = time.perf_counter_ns()
         req_ids = list(plan)
         reqs = [self.request(i) for i in req_ids]
@@ -269,22 +364,46 @@ class TorchSDEngine:
                 raise ValueError(f"request {req.req_id} is finished")
         verify_n = [max(0, min(int(plan[r.req_id]), len(r.drafts))) for r in reqs]
         feeds = [[r.last_token] + [d.token for d in r.drafts[:n]] for r, n in zip(reqs, verify_n)]
+        draft_q = [list(r.draft_probs[:n]) for r, n in zip(reqs, verify_n)]  # snapshot: overlap appends
+        greedy_l = [r.round_greedy for r in reqs]
         tokens, q_lens = self._pad(feeds)
         Q = tokens.shape[1]
         rows = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         lens = torch.tensor([r.target_len for r in reqs], dtype=torch.long, device=self.device)
-        self.target_cache.ensure(len(self._by_slot), int((lens + Q).max()) + 1)
-        logits = self.target.forward(tokens, self.target_cache, rows, lens, q_lens)  # [B, Q, V]
+        kept = [n + 1 for n in verify_n]  # feed positions per row that reach the last layer
+        hook, ee_ns = None, [0]
+        if self.early_exit is not None and Q > 1:
+            hook = self._early_exit_hook(tokens, kept, reqs, verify_n, ee_ns)
+        future = None
+        if overlap is not None:
+            if self.device.type == "cuda":
+                future = self._overlap_pool().submit(overlap)
+            else:
+                overlap()  # CPU: sequential, same bookkeeping
+        with self._phase("target"):
+            try:
+                # grown on the target's stream, so the copy is ordered before the forward that reads it
+                self.target_cache.ensure(len(self._by_slot), int((lens + Q).max()) + 1)
+                logits = self.target.forward(tokens, self.target_cache, rows, lens, q_lens, layer_hook=hook)
+                self._sync()  # the target's stream: the acceptance math below reads these logits
+            finally:
+                if future is not None:
+                    future.result()
+        if logits.shape[1] < Q:  # early exit shortened the batch; later positions are never read
+            logits = F.pad(logits, (0, 0, 0, Q - logits.shape[1]))
+        # Drafts tested against a full-depth distribution: up to and including the first pruned one.
+        test_n = [min(n, k) for n, k in zip(verify_n, kept)]
+        pruned_l = [n - (k - 1) if k <= n else 0 for n, k in zip(verify_n, kept)]
         p = self._probs(logits)  # [B, Q, V]
         B, V = len(reqs), p.shape[-1]
         # Draft distributions and tokens at the verified positions, padded to Q-1.
         q = torch.zeros(B, max(Q - 1, 1), V, device=self.device)
         draft_tok = torch.zeros(B, max(Q - 1, 1), dtype=torch.long, device=self.device)
-        for i, (r, n) in enumerate(zip(reqs, verify_n)):
+        for i, n in enumerate(test_n):
             if n:
-                q[i, :n] = torch.stack(r.draft_probs[:n])
+                q[i, :n] = torch.stack(draft_q[i][:n])
                 draft_tok[i, :n] = tokens[i, 1: n + 1]
-        n_t = torch.tensor(verify_n, device=self.device)
+        n_t = torch.tensor(test_n, device=self.device)
         positions = torch.arange(q.shape[1], device=self.device)[None, :]
         valid = positions < n_t[:, None]
         p_draft_pos = p[:, : q.shape[1]] if Q > 1 else p[:, :1]
@@ -295,7 +414,7 @@ class TorchSDEngine:
             ok = (target_choice == draft_tok) & valid
         else:
             # Greedy proposals are point masses: q(d) = 1, so acceptance is min(1, p(d)).
-            greedy = torch.tensor([r.round_greedy for r in reqs], device=self.device)
+            greedy = torch.tensor(greedy_l, device=self.device)
             q_accept = torch.where(greedy[:, None], torch.ones_like(q_tok), q_tok)
             u = torch.rand(q_tok.shape, generator=self.generator, device=self.device)
             ok = (u * q_accept < p_tok) & valid  # accept with probability min(1, p/q)
@@ -322,31 +441,189 @@ class TorchSDEngine:
         acc_l, next_l, p_tok_l, kl_l = accepted.tolist(), next_tok.tolist(), p_tok.tolist(), kl.tolist()
         committed, finished, target_probs, klds, drafted = [], [], [], [], []
         for i, (req, n) in enumerate(zip(reqs, verify_n)):
-            a = acc_l[i]
+            a, tested = acc_l[i], test_n[i]
             k = len(req.drafts)
             drafted.append(k)
-            new_tokens = [d.token for d in req.drafts[:a]] + [next_l[i]]
-            # Roll the caches back to the accepted prefix (see the module docstring).
-            req.target_len += 1 + a
-            req.last_token = next_l[i]
-            if k == 0:
-                req.pending = req.pending + [next_l[i]]
+            base = req.round_draft_len + req.round_pending  # draft-cache position of this round's d_1
+            if n:
+                req.acceptance = (1 - ACCEPT_EWMA) * req.acceptance + ACCEPT_EWMA * a / n
+            # No bonus token when the whole tested run was accepted but the position after it did not
+            # reach full depth (early exit), or the request carries its further drafts (frontier).
+            carried = req.req_id in carry and pruned_l[i] == 0 and a == n and k > n
+            no_bonus = a == tested and a > 0 and (pruned_l[i] > 0 or carried)
+            if no_bonus:
+                new_tokens = [d.token for d in req.drafts[:a]]
+                req.target_len += a  # last_token, d_1..d_{a-1}; d_a becomes the new last_token
+                req.last_token = req.drafts[a - 1].token
+                if carried:  # d_{a+1}.. stay: they were drafted after d_a, which is now committed
+                    req.drafts, req.draft_probs = req.drafts[a:], req.draft_probs[a:]
+                    req.round_draft_len, req.round_pending = base + a, 0
+                else:  # the draft re-feeds d_a to get its next-token distribution
+                    req.draft_len = base + a - 1
+                    req.pending = [req.drafts[a - 1].token]
+                    req.drafts, req.draft_probs = [], []
             else:
-                req.draft_len = req.round_draft_len + req.round_pending + min(a, k - 1)
-                req.pending = ([req.drafts[k - 1].token] if a == k else []) + [next_l[i]]
-            req.drafts, req.draft_probs = [], []
+                new_tokens = [d.token for d in req.drafts[:a]] + [next_l[i]]
+                # Roll the caches back to the accepted prefix (see the module docstring).
+                req.target_len += 1 + a
+                req.last_token = next_l[i]
+                if k == 0:
+                    req.pending = req.pending + [next_l[i]]
+                else:
+                    req.draft_len = base + min(a, k - 1)
+                    req.pending = ([req.drafts[k - 1].token] if a == k else []) + [next_l[i]]
+                req.drafts, req.draft_probs = [], []
             committed.append(self._commit(req, new_tokens))
             finished.append(req.finished)
-            target_probs.append(p_tok_l[i][:n])
-            klds.append(kl_l[i][:n])
+            target_probs.append(p_tok_l[i][:tested])
+            klds.append(kl_l[i][:tested])
         self._sync()
         elapsed = (time.perf_counter_ns() - t0) / 1e9
         self.totals["verify_s"] += elapsed
         draft_s = self._draft_ns_since_verify / 1e9
         self._draft_ns_since_verify = 0
+        pruned_out: list[int] = []
+        if self.early_exit is not None:
+            pruned_out = pruned_l
+            self.early_exit_stats["verified"] += sum(verify_n)
+            self.early_exit_stats["pruned"] += sum(pruned_l)
+            self.totals["early_exit_s"] += ee_ns[0] / 1e9
         return StepOutcome(req_ids=req_ids, drafted=drafted, verified=verify_n, accepted=acc_l, committed=committed,
                            finished=finished, target_probs=target_probs, klds=klds, draft_time_s=draft_s,
-                           verify_time_s=elapsed)
+                           verify_time_s=elapsed, early_exit_time_s=ee_ns[0] / 1e9, pruned=pruned_out)
+
+    def _early_exit_hook(self, tokens: torch.Tensor, kept: list[int], reqs: list[_Request], verify_n: list[int],
+                         spent_ns: list[int]) -> Callable[[int, torch.Tensor], int | None]:
+        """FASER token-wise early exit (§4.2, POLICIES.md §4) as a CompactLlama layer hook.
+
+        After each layer ℓ in [L_init, L − 2] the hidden state at feed position j (it predicts draft
+        d_{j+1}) goes through the final norm + LM head; d_{j+1} is flagged when at least K_ℓ entries
+        score above it. If Eq. 10 says pruning pays, each row's first flagged draft and everything
+        after it leave the remaining layers: the row keeps positions 0..j, so the position that
+        predicts the first pruned draft still runs to full depth and that draft gets the normal
+        acceptance test; later pruned drafts are discarded like drafts after a rejection. `kept` (feed
+        positions per row) is updated in place; the hook returns the batch's new width (the packed
+        batch is cut to its longest surviving row; shorter rows are padding, as in any verify).
+        """
+        from autospec.early_exit import rank_threshold, should_prune, start_layer
+
+        params = self.early_exit
+        n_layers = self.target.shape.num_layers
+        first = start_layer(n_layers, params.start_fraction)
+        B = tokens.shape[0]
+        k_rej = sum(n * (1.0 - r.acceptance) for r, n in zip(reqs, verify_n))  # Eq. 5
+        if self.early_exit_times is not None:
+            t_t, t_ee, t_pr = self.early_exit_times(B, tokens.shape[1], k_rej)
+        else:
+            t_t, t_ee, t_pr = 1.0, params.check_cost_ratio, params.prune_cost_ratio
+
+        def hook(layer: int, hidden: torch.Tensor) -> int | None:
+            # The last layer's output is the full-depth one: nothing left to save there.
+            if layer < first or layer >= n_layers - 1:
+                return None
+            t0 = time.perf_counter_ns()
+            try:
+                width = hidden.shape[1]
+                if width <= 1:
+                    return None
+                # Eq. 6–10 first: when pruning cannot pay at this depth, skip the check itself.
+                if not should_prune(n_layers, layer + 1, t_t, t_ee, t_pr):
+                    return None
+                scores = self.target.head(hidden[:, : width - 1]).float()  # [B, W-1, V]
+                draft_next = tokens[:, 1:width]
+                own = scores.gather(2, draft_next[:, :, None])
+                above = (scores > own).sum(-1)  # rank test, no top-k
+                live = torch.tensor([k - 1 for k in kept], device=tokens.device)  # live drafts per row
+                pos = torch.arange(width - 1, device=tokens.device)[None, :]
+                flagged = (above >= rank_threshold(layer, n_layers, params)) & (pos < live[:, None])
+                if not bool(flagged.any()):
+                    return None
+                has = flagged.any(1)
+                first_flag = torch.where(has, flagged.int().argmax(1), live).tolist()
+                for i in range(B):
+                    kept[i] = min(kept[i], first_flag[i] + 1)
+                new_width = max(kept)
+                return new_width if new_width < width else None
+            finally:
+                spent_ns[0] += time.perf_counter_ns() - t0
+
+        return hook
+
+    # ------------------------------------------------------------------ frontier overlap
+    def _overlap_pool(self) -> ThreadPoolExecutor:
+        pool = getattr(self, "_pool", None)
+        if pool is None:
+            pool = self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autospec-draft")
+            # Concurrent draft sampling and verify acceptance draws must not share one generator.
+            self._draft_generator = torch.Generator(device=self.device).manual_seed(
+                int(self.generator.initial_seed()) + 1)
+        return pool
+
+    @torch.inference_mode()
+    def frontier_step(self, lengths: Mapping[int, int], chunk: int) -> StepOutcome:
+        """One SD step with FASER's frontier overlap (§4.3): request i drafts up to `lengths[i]` tokens
+        in chunks of `chunk`; while the target verifies chunk c the draft drafts chunk c+1 (concurrently
+        on CUDA, in its own stream and green context; sequentially on a CPU, same bookkeeping). A
+        request that accepts all of chunk c goes on with its pre-drafted chunk c+1 (no bonus token in
+        between); on a rejection everything after it is discarded and the step ends for that request
+        with the usual correction token; after its last chunk is fully accepted it gets the bonus.
+
+        Returns one StepOutcome over the whole step: drafted counts every draft made (also a
+        pre-drafted chunk thrown away), verified the drafts that went to the target.
+        """
+        if chunk < 1:
+            raise InputError(f"frontier chunk size must be >= 1, got {chunk}", field="chunk_size")
+        ids = list(lengths)
+        target = {i: max(0, min(int(lengths[i]), self.k_max)) for i in ids}
+        if self.draft_model is None and any(target.values()):
+            raise InputError("this engine has no draft model; use K=0", field="draft")
+        made = {i: 0 for i in ids}
+
+        def draft_upto(limit: Mapping[int, int]) -> None:
+            # one batched draft pass per token position, for the requests below their limit
+            while True:
+                todo = [i for i in limit if made[i] < limit[i] and not self.request(i).finished]
+                if not todo:
+                    return
+                self.draft(todo)
+                for i in todo:
+                    made[i] += 1
+
+        draft_upto({i: min(chunk, target[i]) for i in ids})
+        totals = {i: {"verified": 0, "accepted": 0, "committed": [], "probs": [], "klds": [], "pruned": 0}
+                  for i in ids}
+        finished: dict[int, bool] = {}
+        draft_s = verify_s = ee_s = 0.0
+        active = list(ids)
+        while active:
+            plan = {i: min(chunk, len(self.request(i).drafts)) for i in active}
+            nxt = {i: min(made[i] + chunk, target[i]) for i in active if made[i] < target[i]}
+            out = self._verify(plan, carry=frozenset(nxt), overlap=(lambda: draft_upto(nxt)) if nxt else None)
+            draft_s += out.draft_time_s
+            verify_s += out.verify_time_s
+            ee_s += out.early_exit_time_s
+            still = []
+            for j, i in enumerate(out.req_ids):
+                tot = totals[i]
+                tot["verified"] += out.verified[j]
+                tot["accepted"] += out.accepted[j]
+                tot["committed"] += out.committed[j]
+                tot["probs"] += out.target_probs[j]
+                tot["klds"] += out.klds[j]
+                tot["pruned"] += out.pruned[j] if out.pruned else 0
+                finished[i] = out.finished[j]
+                req = self.request(i)
+                # carried: this chunk was accepted whole and the next one is already drafted
+                if not req.finished and req.drafts:
+                    still.append(i)
+            active = still
+        return StepOutcome(
+            req_ids=ids, drafted=[made[i] for i in ids], verified=[totals[i]["verified"] for i in ids],
+            accepted=[totals[i]["accepted"] for i in ids], committed=[totals[i]["committed"] for i in ids],
+            finished=[finished[i] for i in ids], target_probs=[totals[i]["probs"] for i in ids],
+            klds=[totals[i]["klds"] for i in ids], draft_time_s=draft_s, verify_time_s=verify_s,
+            early_exit_time_s=ee_s, pruned=[totals[i]["pruned"] for i in ids] if self.early_exit is not None else [])
+
 
     # ------------------------------------------------------------------ remove
     @torch.inference_mode()

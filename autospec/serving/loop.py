@@ -136,6 +136,7 @@ class StepLog:
     committed: list[int] = field(default_factory=list)
     draft_s: list[float] = field(default_factory=list)
     verify_s: list[float] = field(default_factory=list)
+    early_exit: list[float] = field(default_factory=list)  # pruned / verified draft tokens (FASER early exit)
     prefill_s: list[float] = field(default_factory=list)  # prefill of requests admitted before this step
     admitted: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
@@ -213,7 +214,8 @@ class ServeRecords:
         return pd.DataFrame({
             "step": np.arange(len(s.start_s)), "start_s": s.start_s, "end_s": s.end_s, "batch": s.batch,
             "req_ids": s.req_ids, "k": s.k, "l": s.l, "accepted": s.accepted, "c": s.c, "committed": s.committed,
-            "draft_s": s.draft_s, "verify_s": s.verify_s, "prefill_s": s.prefill_s, "admitted": s.admitted,
+            "draft_s": s.draft_s, "verify_s": s.verify_s, "early_exit_fraction": s.early_exit,
+            "prefill_s": s.prefill_s, "admitted": s.admitted,
             "preempted": s.preempted, "swap_s": s.swap_s, "kv_tokens": s.kv_tokens,
         })
 
@@ -253,16 +255,19 @@ def _idle(engine: Engine, until: float) -> None:
 def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
           settings: StepSettings, kv_budget_tokens: int | None = None, ignore_eos: bool = True,
           keep_outputs: bool = False, history_rounds: int = HISTORY_ROUNDS,
-          on_finish: Callable[[int], None] | None = None) -> ServeRecords:
+          on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
     """Replay `requests` through `engine` under `strategy` with continuous batching (module docstring).
 
     `max_batch` is the number of batch slots; `kv_budget_tokens` (None = unlimited) bounds the summed
     context of the running requests. `ignore_eos` (default) makes every request generate exactly its
     max_tokens, as a trace replay wants. `keep_outputs` stores each request's token ids in its record.
+    `on_finish(record)` is called with each request's RequestRecord as it finishes.
     """
     _validate(requests, max_batch, kv_budget_tokens)
     if hasattr(engine, "set_draft_sampling"):
         engine.set_draft_sampling(strategy.execution.draft_sampling)  # type: ignore[attr-defined]
+    if hasattr(engine, "configure_execution"):  # FASER: early exit, frontier chunk, SM split (torch engine)
+        engine.configure_execution(strategy.execution)  # type: ignore[attr-defined]
     true_match_len = getattr(engine, "true_match_len", None)
     swap_cost_s = getattr(engine, "swap_cost_s", None)
     k_max = settings.k_max
@@ -300,9 +305,9 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
             running.pop(s.req_id, None)
             running_views.pop(s.req_id, None)
         engine.remove([s.eid for s in states])
-        if on_finish is not None:
+        if on_finish is not None:  # progress bars, and tune's pruning (it reads the finished record)
             for s in states:
-                on_finish(s.req_id)
+                on_finish(records[s.req_id])
 
     while pending or waiting or running:
         now = engine.now() - t0
@@ -423,6 +428,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         log.committed.append(outcome.committed_tokens())
         log.draft_s.append(outcome.draft_time_s)
         log.verify_s.append(outcome.verify_time_s)
+        log.early_exit.append(outcome.early_exit_fraction)
         log.prefill_s.append(prefill_s)
         log.admitted.append(len(admit))
         log.preempted.append(len(evicted))

@@ -57,7 +57,14 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
     tokens, confidences, entropies = drafts.tokens, drafts.confidences, drafts.entropies
     k_max = settings.k_max
     fixed = strategy.length.fixed_lengths(ctx) if hasattr(strategy.length, "fixed_lengths") else None
-    if fixed is not None:  # lengths decided in begin_step: every round in one engine call
+    # FASER frontier overlap (POLICIES.md §4): with lengths fixed up front and every draft verified, the
+    # engine drafts and verifies in chunks itself (TorchSDEngine.frontier_step, execution.chunk_size).
+    chunk = getattr(engine, "frontier_chunk", None)
+    frontier = bool(chunk) and fixed is not None and strategy.spec.verify.policy == "all"
+    if frontier:
+        lengths = [max(0, min(int(k), k_max)) for k in fixed]
+        outcome = engine.frontier_step(dict(zip(eids, lengths)), chunk)  # type: ignore[attr-defined]
+    elif fixed is not None:  # lengths decided in begin_step: every round in one engine call
         lengths = [max(0, min(int(k), k_max)) for k in fixed]
         for i, toks in enumerate(draft_rounds(engine, eids, lengths)):
             tokens[i].extend([t.token for t in toks])
@@ -73,9 +80,10 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
             tokens[i].append(tok.token)
             confidences[i].append(tok.confidence)
             entropies[i].append(tok.entropy)
-    n_verify = strategy.verify.select(ctx, drafts)
-    plan = {eid: max(0, min(int(n), len(t))) for eid, n, t in zip(eids, n_verify, tokens)}
-    outcome = engine.verify(plan)
+    if not frontier:
+        n_verify = strategy.verify.select(ctx, drafts)
+        plan = {eid: max(0, min(int(n), len(t))) for eid, n, t in zip(eids, n_verify, tokens)}
+        outcome = engine.verify(plan)
     if outcome.req_ids != eids:
         if sorted(outcome.req_ids) != sorted(eids):
             raise RuntimeError(f"engine verified {outcome.req_ids}, asked for {eids}")
@@ -96,4 +104,6 @@ def _reorder(outcome: StepOutcome, order: list[int]) -> StepOutcome:
     pos = {rid: i for i, rid in enumerate(outcome.req_ids)}
     idx = [pos[r] for r in order]
     per_request = ("req_ids", "drafted", "verified", "accepted", "committed", "finished", "target_probs", "klds")
+    if outcome.pruned:
+        per_request += ("pruned",)
     return dataclasses.replace(outcome, **{f: [getattr(outcome, f)[i] for i in idx] for f in per_request})

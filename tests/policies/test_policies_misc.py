@@ -11,7 +11,7 @@ from autospec.latency import LinearCoeffs, LinearLatencyModel
 from autospec.policies import (LENGTH_POLICIES, SCHEDULE_POLICIES, VERIFY_POLICIES, LengthPolicy, SchedulePolicy,
                                VerifyPolicy, build_length, build_schedule, build_verify)
 from autospec.policies.adaedl import AdaEdlLength, acceptance_bound
-from autospec.policies.faser_early_exit import (EarlyExitParams, expected_rejections, rank_flag, rank_threshold,
+from autospec.early_exit import (EarlyExitParams, expected_rejections, rank_flag, rank_threshold,
                                                 should_prune, start_layer, time_saved)
 from autospec.policies.smartspec import SmartSpecLength, expected_tokens
 

@@ -63,6 +63,7 @@ def require_vllm() -> None:
     """InputError with the install hint when vLLM cannot be imported."""
     if not vllm_available():
         raise InputError(VLLM_MISSING, field="engine")
+    _set_env_defaults()  # before the first import: vLLM reads these when it is imported
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # a broken install (e.g. the torchvision mismatch) is the same user problem
@@ -73,6 +74,11 @@ def _set_env_defaults() -> None:
     """Environment vLLM reads at import: offline hub, a bounded CPU KV cache."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_KV_GIB))
+    # vLLM's own logging config writes to stdout, which would corrupt `--json` output and the printed
+    # tables. Without it, Python's default sends vLLM's warnings and errors to stderr.
+    # VLLM_CONFIGURE_LOGGING=1 VLLM_LOGGING_LEVEL=INFO brings vLLM's full log back.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 # --- strategies → speculative_config -----------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_bundled_specs_build(path, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # paths must not depend on where the command runs
     monkeypatch.delenv("AUTOSPEC_DATA_DIR", raising=False)
     trace = load_workload(path)
-    assert 50 <= len(trace) <= 200
+    assert 50 <= len(trace) <= 300  # sized for a 2-core CPU replay
     assert trace.has_prompts
     assert trace.column("output_len").max() <= 128 and trace.column("prompt_len").max() <= 256
     assert load_workload(path) == trace  # seeded

@@ -115,8 +115,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """Read an autospec JSON artifact, refusing unknown schema versions."""
+def read_json_object(path: Path) -> dict[str, Any]:
+    """Read a JSON file holding one object; InputError (file, problem) otherwise."""
     path = Path(path)
     if not path.is_file():
         raise InputError("file not found", path=path)
@@ -126,6 +126,12 @@ def read_json(path: Path) -> dict[str, Any]:
         raise InputError(f"not valid JSON ({exc})", path=path) from None
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", path=path)
+    return data
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read an autospec JSON artifact, refusing unknown schema versions."""
+    data = read_json_object(path)
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise InputError(f"schema_version {version!r} is not supported (this autospec reads {SCHEMA_VERSION})",

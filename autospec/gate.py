@@ -49,6 +49,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
+from autospec.artifacts import read_json_object
 from autospec.config import SCHEMA_VERSION
 from autospec.errors import InputError
 
@@ -214,14 +215,7 @@ def load_gate_input(path: str | Path) -> GateInput:
         if not inner.is_file():
             raise InputError("directory holds no eval/summary.json (run `autospec evaluate --out` there)", path=path)
         path = inner
-    if not path.is_file():
-        raise InputError("file not found", path=path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", path=path) from None
-    if not isinstance(data, dict):
-        raise InputError("expected a JSON object", path=path)
+    data = read_json_object(path)  # benchmark results may carry no schema_version: checked below
     if "strategies" in data:
         return _load_summary(path, data)
     if "benchmark" in data:

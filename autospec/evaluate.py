@@ -19,6 +19,10 @@ Engines:
   before anything runs), every request submitted at its trace time; the records are rebuilt from a
   per-step log written by a recording `scheduler_cls`. Prompts as for torch. Because an engine takes
   ~20 s to start, all repeats of a strategy run on one engine (strategy-major, not interleaved).
+  Online length policies (gp-lcb, smartspec) run inside vLLM's engine core
+  (`autospec.engines.vllm_scheduler.OnlineKScheduler`) with K_max = --k-max; those that need a latency
+  model read the fitted one from --profile DIR's fit/models.json (`autospec.fit.load_fit`, as the sim
+  engine does) — there is no on-the-spot measurement for vLLM, so without --profile they are refused.
 
 Repeat r runs every strategy with engine seed `seed + r` (sampling at T>0, the simulator's draws,
 timing noise on a real engine); the workload itself is the same in every repeat.
@@ -124,13 +128,25 @@ def _needs_latency_model(spec: StrategySpec) -> bool:
 # --- engines -----------------------------------------------------------------------------------------
 
 
-def _load_fit_latency_model(profile: Path) -> LatencyModel:
+def _load_fit(profile: Path):
     try:
         from autospec.fit import load_fit
     except ImportError:
         raise InputError("this autospec has no `autospec fit` module to read the latency model from",
                          path=profile) from None
-    return load_fit(profile).latency_model
+    return load_fit(profile)
+
+
+def _load_fit_latency_model(profile: Path) -> LatencyModel:
+    return _load_fit(profile).latency_model
+
+
+def _faser_models(profile: Path | None, strategies: list[StrategySpec]):
+    """FASER's fitted models from --profile's fit when a strategy uses them (chunk_size = "auto", early
+    exit's Eq. 10 times); None otherwise (and without a profile: "auto" is then refused by the loop)."""
+    if profile is None or not any(s.execution.chunk_size == "auto" or s.execution.early_exit for s in strategies):
+        return None
+    return _load_fit(profile).faser
 
 
 def _sim_factory(spec: EvaluateSpec) -> Callable[[int], Any]:
@@ -207,7 +223,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
         from autospec.engines.vllm_engine import VllmReplayer, config_vocab_size
 
         vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
-                                     temperature=spec.temperature, seed=spec.seed)
+                                     temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
+                                     fit=spec.profile)
         vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
         prompts = _torch_prompts(trace, None, spec.pair, vocab=config_vocab_size(spec.pair.target))
         latency_model = torch_engine = probe = None
@@ -232,6 +249,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
             on_start=lambda rep, n=s.name: progress(f"{n} (repeat {rep + 1}/{spec.repeats})", len(requests))
             if progress is not None else None) for s in strategies}
     settings = StepSettings(k_max=spec.k_max, temperature=spec.temperature, latency_model=latency_model,
+                            faser=None if spec.engine == "vllm" else _faser_models(spec.profile, strategies),
                             slo_tpot_s=spec.slo.tpot_s)
 
     def engine_for(repeat: int):

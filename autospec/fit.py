@@ -3,10 +3,14 @@
 From `DIR/profile/` it fits, each with a held-out error so a user can see how far to trust it:
 
 * AdaSpec's linear forward model T = α·N_c + γ·N_b + δ per model (N_c = batch·context, N_b =
-  batch·tokens) on the decode rows, robust relative least squares (`fit_linear_relative`) on a seeded
-  80% split, MAPE on the other 20%;
+  batch·tokens) on the decode rows, robust relative least squares (`fit_linear_relative`), with a
+  seeded 5-fold cross-validated MAPE (each fold holds out 20% of the rows; `fit_latency`); policies
+  use it;
+* the simulator's clock: the same plus λ·log2(N_b) (latency.LinearCoeffs says why), same MAPE; and,
+  when the profile has `decode_plain` rows (vLLM's plain engine, which serves no-SD), the target's
+  clock in that engine;
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
-  split), same split and MAPE;
+  split), same MAPE;
 * a prefill line per model, T = per_token·(batch·tokens) + fixed, from the prefill rows by the same
   robust relative fit (`fit_line_relative`; it prices admission in the simulator and the KV swap cost
   on preemption);
@@ -21,7 +25,7 @@ Everything lands in `DIR/fit/models.json`; `load_fit` reads it back as a `FitRes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autospec.errors import InputError
-from autospec.latency import LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise, mape
+from autospec.latency import (FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise,
+                             mape)
 from autospec.policies.sts import StsCalibration, fit_sts
 from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, read_parquet
 
@@ -57,6 +62,15 @@ class FitModels(BaseModel):
     k_max: int
     linear: dict[str, Any]
     linear_mape: dict[str, float]
+    # the simulator's clock: the linear model plus λ·log2(N_b) (latency.LinearCoeffs); absent in fits
+    # written before it existed (the simulator then clocks with `linear`)
+    clock: dict[str, Any] | None = None
+    clock_mape: dict[str, float] | None = None
+    # the target's clock in an engine serving without speculative decoding, from `decode_plain` profile
+    # rows (vLLM: a plain engine's step is cheaper than a speculative engine's step with no drafts);
+    # None when the profile has none (the torch engine's pass is the same either way)
+    clock_plain: dict[str, Any] | None = None
+    clock_plain_mape: float | None = None
     piecewise: dict[str, dict[str, Any]]
     piecewise_mape: dict[str, float]
     prefill: dict[str, PrefillLine]
@@ -81,12 +95,28 @@ class FitResult:
         return LinearLatencyModel.from_dict(self.models.linear)
 
     @property
+    def clock_model(self) -> LinearLatencyModel:
+        """The simulator's clock (FitModels.clock), or the linear model for an older fit."""
+        return LinearLatencyModel.from_dict(self.models.clock or self.models.linear)
+
+    @property
+    def plain_target_clock(self) -> LinearCoeffs | None:
+        """FitModels.clock_plain as coefficients (None when the profile had no plain-engine rows)."""
+        return LinearCoeffs(**self.models.clock_plain) if self.models.clock_plain else None
+
+    @property
     def sps(self) -> tuple[list[int], list[float]]:
         return [int(b) for b in self.models.sps["tokens"]], list(self.models.sps["values"])
 
     @property
     def piecewise(self) -> dict[str, PiecewiseLatency]:
         return {k: PiecewiseLatency.from_dict(v) for k, v in self.models.piecewise.items()}
+
+    @property
+    def faser(self) -> FaserModels | None:
+        """FASER's models as the serving step and engines use them (frontier chunk "auto", the
+        simulator's overlapped timing, early exit's Eq. 10 times); None without draft and target fits."""
+        return FaserModels.from_dict(self.models.piecewise)
 
     @property
     def prefill(self) -> dict[str, PrefillLine]:
@@ -102,8 +132,9 @@ class FitResult:
         return self.models.per_position_acceptance
 
 
-def fit_linear_relative(rows: np.ndarray) -> LinearCoeffs:
-    """AdaSpec's (α, γ, δ) from rows [N_c, N_b, seconds], fitted for relative error.
+def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeffs:
+    """AdaSpec's (α, γ, δ) from rows [N_c, N_b, seconds], fitted for relative error; with `log_term`
+    also λ of the simulator's clock model (λ·log2 N_b, see latency.LinearCoeffs).
 
     Why not plain least squares (latency.fit_linear): it weighs the slowest shapes most and, on a
     shared machine, lets one multi-second outlier drag δ negative, which wrecks the fast shapes. Here
@@ -113,13 +144,19 @@ def fit_linear_relative(rows: np.ndarray) -> LinearCoeffs:
     from scipy.optimize import least_squares, nnls
 
     data = np.asarray(rows, float)
-    design = np.column_stack([data[:, 0], data[:, 1], np.ones(len(data))]) / data[:, 2:3]
+    columns = [data[:, 0], data[:, 1], np.ones(len(data))]
+    if log_term:
+        columns.append(np.log2(np.maximum(data[:, 1], 1.0)))
+    design = np.column_stack(columns) / data[:, 2:3]
     start, _ = nnls(design, np.ones(len(data)))
-    scale = np.maximum(start, 1e-12)  # optimise in units of the start so all three are O(1)
-    sol = least_squares(lambda th: design @ (th * scale) - 1.0, np.ones(3), bounds=(0.0, np.inf),
+    # optimise in units of the start so all are O(1); a coefficient nnls put at 0 starts at a small
+    # share of the mean time instead (1e-12 s would leave it stuck there)
+    scale = np.where(start > 0, start, 0.01 * float(np.mean(data[:, 2])))
+    x0 = np.where(start > 0, 1.0, 0.0)
+    sol = least_squares(lambda th: design @ (th * scale) - 1.0, x0, bounds=(0.0, np.inf),
                         loss="soft_l1", f_scale=0.1)
-    a, g, d = sol.x * scale
-    return LinearCoeffs(float(a), float(g), float(d))
+    coef = [float(v) for v in sol.x * scale]
+    return LinearCoeffs(*coef)
 
 
 def fit_line_relative(x: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
@@ -139,17 +176,33 @@ def fit_line_relative(x: np.ndarray, seconds: np.ndarray) -> tuple[float, float]
     return float(a), float(b)
 
 
-def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded (train, test) index split with HOLDOUT of the rows held out (at least one each side)."""
+def _folds(n: int, seed: int) -> list[np.ndarray]:
+    """Seeded cross-validation folds of the row indices, each holding out HOLDOUT of the rows (5 folds
+    at 20%; fewer when there are too few rows to leave 3 to fit on)."""
     order = np.random.default_rng(seed).permutation(n)
-    n_test = min(max(1, int(round(HOLDOUT * n))), n - 3)
-    return order[n_test:], order[:n_test]
+    k = max(2, min(int(round(1 / HOLDOUT)), n // 4))
+    return [f for f in np.array_split(order, k) if len(f)]
+
+
+def _held_out_mape(n: int, seed: int, fit_and_predict) -> float:
+    """MAPE of predictions each made by a model fitted without the row's fold (k-fold CV):
+    `fit_and_predict(train_idx, test_idx)` returns (predicted, actual) for the test rows."""
+    predicted, actual = [], []
+    for test in _folds(n, seed):
+        train = np.setdiff1d(np.arange(n), test)
+        p, a = fit_and_predict(train, test)
+        predicted.extend(np.asarray(p, float).ravel())
+        actual.extend(np.asarray(a, float).ravel())
+    return mape(predicted, actual)
 
 
 def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
-    """Linear, piecewise and prefill fits per model with held-out MAPE."""
-    out: dict[str, Any] = {"linear": {}, "linear_mape": {}, "piecewise": {}, "piecewise_mape": {}, "prefill": {},
-                           "prefill_mape": {}, "points": {}}
+    """Linear, clock, piecewise and prefill fits per model. Each model is fitted on every decode row;
+    its error is the k-fold cross-validated MAPE (every row predicted by a fit that did not see it,
+    HOLDOUT of the rows per fold) — with a quick profile's 12 draft rows one 80/20 split held out 2
+    rows, too few to tell a model from noise."""
+    out: dict[str, Any] = {"linear": {}, "linear_mape": {}, "clock": {}, "clock_mape": {}, "piecewise": {},
+                           "piecewise_mape": {}, "prefill": {}, "prefill_mape": {}, "points": {}}
     phase = latency["phase"] if "phase" in latency else pd.Series("decode", index=latency.index)
     for model in ("draft", "target"):
         rows = latency[(latency["model"] == model) & (phase == "decode")]
@@ -158,16 +211,26 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                              field="latency.parquet")
         b, s, c, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
         r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
-        train, test = _split(len(rows), seed)
         design = np.column_stack([b * c, b * s, t])
-        coeffs = fit_linear_relative(design[train])
-        out["linear"][model] = coeffs
-        out["linear_mape"][model] = mape([coeffs.forward(nc, nb) for nc, nb, _ in design[test]], t[test])
+        n = len(rows)
+        for name, log_term in (("linear", False), ("clock", True)):
+            def linear_cv(train, test, log_term=log_term):
+                co = fit_linear_relative(design[train], log_term=log_term)
+                return [co.forward(nc, nb) for nc, nb, _ in design[test]], t[test]
+
+            out[name][model] = fit_linear_relative(design, log_term=log_term)
+            out[f"{name}_mape"][model] = _held_out_mape(n, seed, linear_cv)
         kind = "draft" if model == "draft" else "target"
-        pw, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
+
+        def piecewise_cv(train, test):
+            pw_fold, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
+            return pw_fold(b[test], s[test], r[test]), t[test]
+
+        pw, _ = fit_piecewise(kind, b, s, r, t)
         out["piecewise"][model] = pw.to_dict()
-        out["piecewise_mape"][model] = mape(pw(b[test], s[test], r[test]), t[test])
-        out["points"][model] = len(rows)
+        out["piecewise_mape"][model] = _held_out_mape(n, seed, piecewise_cv)
+        out["points"][model] = n
+        coeffs = out["linear"][model]
         pre = latency[(latency["model"] == model) & (phase == "prefill")]
         n_tok = (pre["batch"] * pre["tokens"]).to_numpy(float)
         if len(pre) >= 2 and len(np.unique(n_tok)) >= 2:
@@ -180,6 +243,36 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
             line = PrefillLine(per_token_s=coeffs.gamma, fixed_s=coeffs.delta)
             out["prefill_mape"][model] = None
         out["prefill"][model] = line
+    # FASER's early-exit check T_ee and pruning cost T_pr (Eq. 13–14), when the profile timed them (rows
+    # with model "early_exit" / "prune": tokens = positions per request). Eq. 10 then uses the fitted
+    # times (TorchSDEngine.configure_execution) instead of EarlyExitParams' cost ratios.
+    for kind in ("early_exit", "prune"):
+        rows = latency[(latency["model"] == kind) & (phase == "decode")]
+        if len(rows) < 5:
+            continue
+        b, s, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "median_s"))
+        r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
+
+        def kind_cv(train, test, kind=kind, b=b, s=s, r=r, t=t):
+            pw_fold, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
+            return pw_fold(b[test], s[test], r[test]), t[test]
+
+        out["piecewise"][kind] = fit_piecewise(kind, b, s, r, t)[0].to_dict()
+        out["piecewise_mape"][kind] = _held_out_mape(len(rows), seed, kind_cv)
+        out["points"][kind] = len(rows)
+    plain = latency[(latency["model"] == "target") & (phase == "decode_plain")]
+    out["clock_plain"], out["clock_plain_mape"] = None, None
+    if len(plain) >= 5:
+        design = np.column_stack([(plain["batch"] * plain["context"]).to_numpy(float),
+                                  (plain["batch"] * plain["tokens"]).to_numpy(float),
+                                  plain["median_s"].to_numpy(float)])
+
+        def plain_cv(train, test):
+            co = fit_linear_relative(design[train], log_term=True)
+            return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test, 2]
+
+        out["clock_plain"] = fit_linear_relative(design, log_term=True)
+        out["clock_plain_mape"] = _held_out_mape(len(plain), seed, plain_cv)
     return out
 
 
@@ -246,7 +339,12 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
     return FitModels(
         schema_version=SCHEMA_VERSION, k_max=k_max,
         linear=LinearLatencyModel(draft=lat["linear"]["draft"], target=lat["linear"]["target"]).to_dict(),
-        linear_mape=lat["linear_mape"], piecewise=lat["piecewise"], piecewise_mape=lat["piecewise_mape"],
+        linear_mape=lat["linear_mape"],
+        clock=LinearLatencyModel(draft=lat["clock"]["draft"], target=lat["clock"]["target"]).to_dict(),
+        clock_mape=lat["clock_mape"],
+        clock_plain=asdict(lat["clock_plain"]) if lat["clock_plain"] is not None else None,
+        clock_plain_mape=lat["clock_plain_mape"], piecewise=lat["piecewise"],
+        piecewise_mape=lat["piecewise_mape"],
         prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],
         sps={"tokens": [float(t) for t in tokens], "values": values}, sps_context=ctx,
         per_position_acceptance=per_position_acceptance(acceptance, k_max),

@@ -23,8 +23,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autospec.contract import VIEW_SIGNALS
 from autospec.errors import InputError
 from autospec.policies.base import (LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy,
                                     policy_class)
@@ -66,7 +67,9 @@ class ExecutionSpec(_Strict):
     """FASER execution knobs (POLICIES.md §4). 0 turns a feature off (TOML has no null)."""
 
     sm_split: float = Field(0.0, ge=0.0, lt=1.0)  # draft's share r of the SMs; 0 = no split
-    chunk_size: int = Field(0, ge=0)  # frontier-overlap chunk s_c; 0 = no overlap
+    # frontier-overlap chunk s_c; 0 = no overlap; "auto" = FASER's condition on the fitted models each
+    # step (policies/faser_frontier.py: without an SM split that means no overlap)
+    chunk_size: int | Literal["auto"] = 0
     early_exit: bool = False
     # How the draft proposes at T>0: "sample" from its distribution, or "greedy" (its argmax, verified
     # as a point mass). A verify policy that trims by the drafts' own confidences (AdaSpec's verifier,
@@ -80,6 +83,19 @@ class ExecutionSpec(_Strict):
     # model gives them [chosen] (autospec/early_exit.py)
     ee_check_cost_ratio: float = Field(0.05, ge=0.0)
     ee_prune_cost_ratio: float = Field(0.01, ge=0.0)
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _check_chunk(cls, value: Any) -> Any:
+        if not (value == "auto" and isinstance(value, str)) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f'chunk_size must be an integer >= 0 or "auto", got {value!r}')
+        return value
+
+    @property
+    def frontier(self) -> bool:
+        """Frontier overlap asked for: a fixed chunk or "auto"."""
+        return self.chunk_size != 0
 
     @property
     def early_exit_params(self) -> EarlyExitParams:
@@ -189,6 +205,13 @@ class Strategy:
     schedule: SchedulePolicy
     execution: ExecutionSpec
     spec: StrategySpec
+
+    @property
+    def view_signals(self) -> frozenset[str]:
+        """The RequestView signals some policy of the strategy reads (`Policy.reads`; all of them for a
+        policy object that does not say)."""
+        return frozenset().union(*(getattr(p, "reads", VIEW_SIGNALS)
+                                   for p in (self.length, self.verify, self.schedule)))
 
 
 def build_strategy(spec: StrategySpec) -> Strategy:

@@ -4,9 +4,11 @@ Search space (from the presets, `policies/*.toml`): the strategy is a categorica
 `[search.*]` ranges are sampled only when that strategy is drawn (Optuna's define-by-run conditional
 space), named `<strategy>.<section>.<param>` so two strategies' knobs never share a distribution. A
 range on a list parameter is sampled per element (`k-schedule.length.k[3]`: the K of batch bucket 3 —
-the per-batch-size K schedule vLLM deploys). The SM split r and chunk size s_c are searched only where
-the profile has an r axis (a CUDA profile; `sm_split` column not all NaN): on a CPU profile they do not
-exist and are not invented.
+the per-batch-size K schedule vLLM deploys). The SM split r is searched only where the profile has an r
+axis (a CUDA profile; `sm_split` column not all NaN): on a CPU profile it does not exist and is not
+invented. The frontier chunk s_c (`execution.chunk_size`: 0 = off, a fixed chunk, or "auto" = FASER's
+condition each step) is searched where a preset declares it (gp-lcb): the simulator prices chunked steps
+serially without a split and by FASER's overlapped timing with one (`SimEngine.frontier_step`).
 
 Candidates [chosen]: every bundled preset except `oracle` (it reads the future: a bound, not a policy)
 and the fixed static-kN presets other than `static-k4`, whose `length.k` range already covers K = 1..8.
@@ -180,7 +182,10 @@ class SimReplay:
         self.base = SimEngine.from_dirs(spec.profile, k_max=spec.k_max, seed=spec.seed)
         self.k_max = self.base.k_max
         fit_file = spec.profile / "fit" / "models.json"
-        self.latency_model = load_fit(spec.profile).latency_model if fit_file.is_file() else self.base.latency_model
+        fit = load_fit(spec.profile) if fit_file.is_file() else None
+        self.latency_model = fit.latency_model if fit is not None else self.base.latency_model
+        # FASER's piecewise models: chunk_size = "auto" and the sim's overlapped frontier timing
+        self.faser = fit.faser if fit is not None else None
         vocab = getattr(self.base, "vocab_size", 1)
         self.requests = [ServeRequest(r.req_id, r.arrival_s, SyntheticPrompt(r.prompt_len, vocab, r.req_id),
                                       r.output_len, r.domain) for r in self.trace.requests()]
@@ -193,7 +198,7 @@ class SimReplay:
         from autospec.strategy import build_strategy
 
         engine = SimEngine(self.base.traces, self.base.costs, k_max=self.k_max, seed=self.spec.seed)
-        settings = StepSettings(k_max=self.k_max, latency_model=self.latency_model,
+        settings = StepSettings(k_max=self.k_max, latency_model=self.latency_model, faser=self.faser,
                                 slo_tpot_s=self.spec.slo.tpot_s, sm_split=strategy.execution.sm_split or None)
         records = serve(engine, build_strategy(strategy), self.requests, max_batch=self.spec.max_batch,
                         settings=settings, on_finish=on_finish)
@@ -424,18 +429,20 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay) -> di
     }
     write_text(out_dir / "tune" / "best.toml", spec_to_toml(tuned))
     summary["deploy"] = write_deploy(out_dir / "deploy", tuned, spec.pair, spec.max_batch,
-                                     fallback=best_expressible(ranked, spec))
+                                     fallback=best_expressible(ranked, spec, replay.k_max),
+                                     k_max=replay.k_max, fit=spec.profile)
     write_json(out_dir / "tune" / "summary.json", summary)
     return summary
 
 
-def best_expressible(ranked: list, spec: TuneSpec) -> tuple[StrategySpec, str] | None:
-    """The best-ranked trial whose strategy vLLM can run, for deploy/ when the best one cannot."""
+def best_expressible(ranked: list, spec: TuneSpec, k_max: int) -> tuple[StrategySpec, str] | None:
+    """The best-ranked trial whose strategy vLLM can run, for deploy/ when the best one cannot
+    (online length policies run there with the trials' K_max and the profile's fit)."""
     from autospec.deploy import vllm_config
 
     for trial in ranked:
         candidate = StrategySpec.model_validate(trial.user_attrs["spec"])
-        if vllm_config(candidate, spec.pair, spec.max_batch)["supported"]:
+        if vllm_config(candidate, spec.pair, spec.max_batch, k_max=k_max, fit=spec.profile)["supported"]:
             value = trial.value if spec.objective == "goodput" else trial.values[0]
             return candidate, f"tune trial {trial.number}, objective {value:.4g}"
     return None
@@ -472,7 +479,8 @@ def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: SimReplay) -> l
             continue
         seen.add(key)
         strategy = StrategySpec.model_validate(trial.user_attrs["spec"])
-        settings = StepSettings(k_max=replay.k_max, latency_model=replay.latency_model, slo_tpot_s=spec.slo.tpot_s)
+        settings = StepSettings(k_max=replay.k_max, latency_model=replay.latency_model, faser=replay.faser,
+                                slo_tpot_s=spec.slo.tpot_s)
         records = serve(engine, build_strategy(strategy), requests, max_batch=spec.max_batch, settings=settings)
         real = compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo)
         out.append({"number": trial.number, "strategy": trial.params["strategy"],

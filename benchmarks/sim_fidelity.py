@@ -75,6 +75,15 @@ def workload_prompt_file(run_dir: Path, workload: Path, n: int) -> Path:
     return path
 
 
+def workload_limits(workload: Path) -> dict[str, int]:
+    """The longest prompt and output of the workload's requests (tokens)."""
+    from autospec.workloads.spec import load_workload
+
+    requests = list(load_workload(workload).requests())
+    return {"max_prompt_tokens": max(r.prompt_len for r in requests),
+            "max_output_tokens": max(2, max(r.output_len for r in requests))}
+
+
 def per_repeat(result, slo) -> dict[str, list[dict]]:
     """Metrics of every (strategy, repeat) of an EvalResult."""
     from autospec.serving.metrics import compute_metrics
@@ -119,8 +128,14 @@ def main() -> None:
     t0 = time.perf_counter()
     if not (args.reuse_profile and (run_dir / "profile" / "latency.parquet").is_file()):
         prompts = workload_prompt_file(run_dir, workload, args.profile_prompts)
+        # traces as long as the workload's outputs and on its whole prompts: a shorter trace wraps
+        # (the simulator would replay early positions' acceptance late in a request), and a cut prompt
+        # makes the target continue differently from what the torch replay generates
+        limits = workload_limits(workload)
         autospec("profile", "--out", str(run_dir), "--prompts", str(prompts),
                  "--prompts-per-domain", str(args.profile_prompts),
+                 "--trace-tokens", str(limits["max_output_tokens"]),
+                 "--max-prompt-tokens", str(limits["max_prompt_tokens"]),
                  *([] if args.full_profile else ["--quick"]))
     profile_s = time.perf_counter() - t0
     autospec("fit", str(run_dir))

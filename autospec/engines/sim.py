@@ -16,8 +16,9 @@ the chain's for accepted drafts and the trace's target token for the correction/
 ids are a stand-in (the simulator models counts and time, not T>0 text).
 
 Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
-each `draft` call one draft pass T = α·N_c + γ·N_b + δ (N_c = the batch's context incl. drafts so
-far, N_b = its size); each `verify` one target pass (N_c = context, N_b = Σ verified + 1).
+each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
+the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
+context, N_b = Σ verified + 1).
 `idle_until` jumps the clock. `swap_cost_s(context_tokens)` — the KV switch cost the serving loop
 charges on preemption — is the target's fitted prefill cost per token times the context: a preempted
 request's KV has to be rebuilt (or moved) token by token, and the marginal prefill cost per token is
@@ -30,6 +31,8 @@ converted once to Python objects (DraftToken tuples, float lists) that are share
 
 from __future__ import annotations
 
+import math
+from collections import abc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -40,7 +43,7 @@ import pandas as pd
 from autospec.contract import DraftToken, StepOutcome
 from autospec.engines.base import GenRequest, PrefillResult
 from autospec.errors import InputError
-from autospec.latency import LinearLatencyModel
+from autospec.latency import FaserModels, LinearLatencyModel
 
 _MASK64 = (1 << 64) - 1
 
@@ -95,17 +98,48 @@ class AcceptanceTraces:
 
 @dataclass(frozen=True)
 class SimCosts:
-    """The clock's inputs: AdaSpec linear models per pass and prefill lines per model."""
+    """The clock's inputs: per-pass models and prefill lines per model. `latency` is AdaSpec's linear
+    model, the one policies consult; `clock` (default: `latency`) times the passes — the fit's clock
+    model adds λ·log2(N_b) to it (latency.LinearCoeffs)."""
 
     latency: LinearLatencyModel
     prefill_target: tuple[float, float]  # (per_token_s, fixed_s)
     prefill_draft: tuple[float, float]
+    clock: LinearLatencyModel | None = None
+    # the target's clock in an engine serving without SD (fit's clock_plain; vLLM's plain engine)
+    plain_target: LinearCoeffs | None = None
 
     def prefill_time(self, tokens: int) -> float:
         if tokens <= 0:
             return 0.0
         (at, bt), (ad, bd) = self.prefill_target, self.prefill_draft
         return max(0.0, at * tokens + bt) + max(0.0, ad * tokens + bd)
+
+
+class _TraceSlices(abc.Sequence):
+    """Per request of a verify, the first n values of one trace row (target probabilities or KLDs of
+    the verified drafts), sliced only when read: most strategies never read them, and two slices per
+    request per step were a measurable share of a long replay."""
+
+    __slots__ = ("_rows", "_positions", "_counts")
+
+    def __init__(self, rows: list[list[float]], positions: list[int], counts: list[int]):
+        self._rows, self._positions, self._counts = rows, positions, counts
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._rows[self._positions[i]][: self._counts[i]]
+
+    def __iter__(self):
+        rows = self._rows
+        return (rows[p][:n] for p, n in zip(self._positions, self._counts))
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, abc.Sequence) else NotImplemented
 
 
 class _SimRequest:
@@ -156,9 +190,12 @@ class SimEngine:
         self._next_id = 0
         self._clock = 0.0
         self._draft_since_verify = 0.0
-        d, t = costs.latency.draft, costs.latency.target
+        clock = costs.clock or costs.latency
+        d, t = clock.draft, clock.target
         self._draft_coef = (d.alpha, d.gamma, d.delta)
         self._target_coef = (t.alpha, t.gamma, t.delta)
+        self._draft_lam, self._target_lam = d.lam, t.lam  # λ·log2(tokens in the pass), 0 = AdaSpec's line
+        self._sd_target = (self._target_coef, self._target_lam)
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
 
     # ------------------------------------------------------------------ construction
@@ -168,7 +205,7 @@ class SimEngine:
         """A simulator from a run directory holding profile/ (and fit/; fitted in memory when absent).
 
         `run_dir` may also be the profile folder itself."""
-        from autospec.fit import fit_profile, load_fit
+        from autospec.fit import FitResult, fit_profile, load_fit
         from autospec.profile import ACCEPTANCE_COLUMNS, read_parquet
 
         root = Path(run_dir)
@@ -178,13 +215,15 @@ class SimEngine:
             raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=root / "profile")
         fit_path = Path(fit_dir) if fit_dir is not None else root / "fit"
         if fit_dir is not None or (fit_path / "models.json").is_file():
-            models = load_fit(fit_path).models
+            fit = load_fit(fit_path)
         else:
-            models = fit_profile(root)
+            fit = FitResult(fit_profile(root))
+        models = fit.models
         frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
-        costs = SimCosts(LinearLatencyModel.from_dict(models.linear),
+        costs = SimCosts(fit.latency_model,
                          (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
-                         (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s))
+                         (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
+                         clock=fit.clock_model, plain_target=fit.plain_target_clock)
         return cls(AcceptanceTraces(frame, models.k_max), costs, k_max=k_max, temperature=temperature, seed=seed)
 
     # ------------------------------------------------------------------ clock
@@ -195,6 +234,17 @@ class SimEngine:
         """Jump the simulated clock to `t` (never backwards)."""
         if t > self._clock:
             self._clock = t
+
+    def set_speculative(self, enabled: bool) -> None:
+        """Whether the replayed engine serves with speculative decoding configured (the serving loop
+        says: no for a strategy that never drafts). Without it the target's passes are priced by the
+        fit's plain-engine clock when the profile measured one (vLLM's plain engine does less per step
+        than a speculative one with no drafts); otherwise nothing changes."""
+        p = self.costs.plain_target
+        if enabled or p is None:
+            self._target_coef, self._target_lam = self._sd_target
+        else:
+            self._target_coef, self._target_lam = (p.alpha, p.gamma, p.delta), p.lam
 
     def swap_cost_s(self, context_tokens: int) -> float:
         """KV switch cost of preempting a request with this context (module docstring)."""
@@ -286,6 +336,8 @@ class SimEngine:
             r.drafted = j + 1
         a, g, d = self._draft_coef
         dt = a * context + g * len(req_ids) + d
+        if self._draft_lam:
+            dt += self._draft_lam * math.log2(len(req_ids))
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -318,6 +370,10 @@ class SimEngine:
             if k > rounds:
                 rounds = k
         dt = a * weighted + g * drafted + d * rounds
+        if self._draft_lam and rounds:  # round j drafts the requests with more than j drafts to make
+            per_round = np.bincount([min(k, rounds) for k in lengths if k > 0], minlength=rounds + 1)
+            in_round = np.cumsum(per_round[::-1])[::-1][1:]  # requests drafting in round j = 0..rounds-1
+            dt += self._draft_lam * float(np.log2(in_round).sum())
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -337,16 +393,15 @@ class SimEngine:
         match, tt, klds, tprobs = tr.match, tr.target_token, tr.klds, tr.target_probs
         greedy = self.temperature == 0
         req_ids = list(plan)
-        drafted_l, verified_l, accepted_l, committed_l, finished_l, tp_l, kl_l = [], [], [], [], [], [], []
+        drafted_l, verified_l, accepted_l, committed_l, finished_l, pos_l = [], [], [], [], [], []
         context = 0
         tokens = 0
         reqs = self._reqs
-        for rid in req_ids:
+        for rid, n in plan.items():
             r = reqs[rid]
             if r.finished:
                 raise ValueError(f"request {rid} is finished")
             k = r.drafted
-            n = plan[rid]
             n = 0 if n < 0 else (k if n > k else n)
             p = r.p
             if greedy:
@@ -363,26 +418,178 @@ class SimEngine:
                     a += 1
                 new = tr.chain_tokens[p][:a]
                 new.append(tt[r.base + (r.off + a) % r.n])
-            if len(new) >= r.room:
-                new = new[: r.room]
+            c = len(new)
+            if c >= r.room:
+                c = r.room
+                new = new[:c]
                 r.finished = True
             context += r.context
             tokens += n + 1
             r.out.extend(new)
-            r.advance(len(new))
+            off = (r.off + c) % r.n  # advance (inlined: this loop runs per request per step)
+            r.off = off
+            r.p = r.base + off
+            r.context += c
+            r.room -= c
             r.drafted = 0
             drafted_l.append(k)
             verified_l.append(n)
             accepted_l.append(a)
             committed_l.append(new)
             finished_l.append(r.finished)
-            tp_l.append(tprobs[p][:n])
-            kl_l.append(klds[p][:n])
+            pos_l.append(p)
         a_, g_, d_ = self._target_coef
         dt = a_ * context + g_ * tokens + d_ if req_ids else 0.0
+        if self._target_lam and req_ids:
+            dt += self._target_lam * math.log2(tokens)
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
         return StepOutcome(req_ids=req_ids, drafted=drafted_l, verified=verified_l, accepted=accepted_l,
-                           committed=committed_l, finished=finished_l, target_probs=tp_l, klds=kl_l,
+                           committed=committed_l, finished=finished_l,
+                           target_probs=_TraceSlices(tprobs, pos_l, verified_l),
+                           klds=_TraceSlices(klds, pos_l, verified_l),
                            draft_time_s=draft_s, verify_time_s=dt)
+
+    # ------------------------------------------------------------------ FASER frontier overlap
+    # Kept apart from the hot draft/verify paths above: only strategies with execution.chunk_size use it.
+    frontier_chunk: "int | str | None" = None  # configure_execution sets it; the serving step reads it
+    sm_split: float = 0.0
+    faser: FaserModels | None = None
+
+    def configure_execution(self, execution, faser: FaserModels | None = None) -> None:
+        """The execution knobs the simulator models (an `ExecutionSpec`, duck-typed: engines do not import
+        strategies): the frontier chunk (an int, "auto" — resolved per step by the serving step — or
+        None) and the SM split r, which prices frontier steps by FASER's overlapped timing when `faser`
+        (the fit's piecewise models) has an r axis (`frontier_step`). Token-wise early exit is not
+        modelled: the traces hold no per-layer ranks."""
+        chunk = execution.chunk_size
+        self.frontier_chunk = chunk if isinstance(chunk, str) else (int(chunk) or None)
+        self.sm_split = float(execution.sm_split or 0.0)
+        self.faser = faser
+
+    def frontier_step(self, lengths: Mapping[int, int], chunk: int) -> StepOutcome:
+        """One step with FASER's frontier overlap, as `TorchSDEngine.frontier_step` runs it.
+
+        Tokens: request i drafts up to lengths[i] (≤ K_max) tokens in chunks of `chunk`; chunk c is
+        verified in its own target pass (chunk + 1 positions: the last committed token and the chunk);
+        while it is verified the next chunk is drafted. A fully accepted chunk commits its drafts without
+        a bonus token and the step goes on with the pre-drafted next chunk; at the first rejection the
+        request commits the correction token, its pre-drafted chunk is thrown away and no later chunk is
+        verified; after its last chunk is fully accepted it gets the bonus token. Acceptance is decided
+        exactly as `verify` decides it for the same drafts (same draws in the same order), so the
+        committed tokens are those of a plain step drafting and verifying lengths[i] — lossless.
+        `drafted` counts every draft made (a thrown-away chunk too), `verified` the drafts that went
+        to the target.
+
+        Time, without an SM split (or without FASER models that know r): serial, every pass on the
+        sim's clock model — the first chunk's draft passes, then per chunk the next chunk's draft passes
+        and the chunk's target pass; draft_time_s is all draft passes, verify_time_s all target passes.
+        With r = sm_split > 0 and an r axis: FASER's overlapped timing from the piecewise models
+        (latency.FaserModels), T = T_q(first chunk; r) + Σ_c max(T_p(chunk c; 1 − r), T_q(chunk c+1;
+        r)) — for s drafts in chunks of s_c, all accepted, T_q(s_c) + (s/s_c)·T_p(s_c) when drafting
+        hides behind verifying; draft_time_s is the first chunk's drafting, verify_time_s the rest."""
+        if chunk < 1:
+            raise InputError(f"frontier chunk size must be >= 1, got {chunk}", field="chunk_size")
+        tr, reqs, k_max = self.traces, self._reqs, self.k_max
+        match, tt = tr.match, tr.target_token
+        greedy = self.temperature == 0
+        ids = list(lengths)
+        made_l, verified_l, accepted_l, committed_l, finished_l, tp_l, kl_l = [], [], [], [], [], [], []
+        schedules = []  # per request: [(drafts verified, drafts made during that pass, committed before)]
+        first = []  # per request: drafts of the first chunk
+        for rid in ids:
+            r = reqs[rid]
+            if r.finished:
+                raise ValueError(f"request {rid} is finished")
+            t = max(0, min(int(lengths[rid]), k_max))
+            p = r.p
+            if greedy:  # acceptance and tokens as `verify` decides them for t drafts
+                a = min(t, match[p])
+                new = tt[p: p + a + 1] if r.off + a < r.n else [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
+            else:
+                probs = tr.accept_probs[p]
+                a = 0
+                while a < t and self._uniform() < probs[a]:
+                    a += 1
+                new = tr.chain_tokens[p][:a] + [tt[r.base + (r.off + a) % r.n]]
+            made = min(chunk, t)
+            first.append(made)
+            verified = accepted = committed = 0
+            passes = []
+            while True:  # the chunk walk of TorchSDEngine.frontier_step for this request
+                n = min(chunk, made - verified)
+                more = min(made + chunk, t) - made
+                made += more
+                got = min(n, a - verified)
+                passes.append((n, more, committed))
+                verified += n
+                accepted += got
+                if more > 0 and got == n:  # carried: no bonus, the pre-drafted chunk is verified next
+                    committed += min(n, r.room - committed)
+                    if committed >= r.room:
+                        break
+                    continue
+                committed += min(got + 1, r.room - committed)
+                break
+            schedules.append(passes)
+            made_l.append(made)
+            verified_l.append(verified)
+            accepted_l.append(accepted)
+            committed_l.append(new[:committed])
+            finished_l.append(committed >= r.room)
+            tp_l.append(tr.target_probs[p][:verified])
+            kl_l.append(tr.klds[p][:verified])
+        draft_s, verify_s = self._frontier_time(ids, first, schedules)
+        for rid, new, fin in zip(ids, committed_l, finished_l):  # commit after the passes are timed
+            r = reqs[rid]
+            r.out.extend(new)
+            r.advance(len(new))
+            r.drafted = 0
+            r.finished = fin
+        return StepOutcome(req_ids=ids, drafted=made_l, verified=verified_l, accepted=accepted_l,
+                           committed=committed_l, finished=finished_l, target_probs=tp_l, klds=kl_l,
+                           draft_time_s=draft_s, verify_time_s=verify_s)
+
+    def _frontier_time(self, ids: list[int], first: list[int],
+                       schedules: list[list[tuple[int, int, int]]]) -> tuple[float, float]:
+        """Charge a frontier step's passes to the clock (see `frontier_step`); (draft_s, verify_s)."""
+        reqs = self._reqs
+        r_split, faser = self.sm_split, self.faser
+        overlapped = r_split > 0 and faser is not None and faser.has_r_axis
+        n_rounds = max(map(len, schedules), default=0)
+
+        def draft_passes(counts: list[int]) -> float:  # overlapped: one T_q(b, 1, r) per draft pass
+            return sum(faser.draft_time(sum(1 for k in counts if k > j), 1, r_split)
+                       for j in range(max(counts, default=0)))
+
+        if overlapped:
+            draft_s = draft_passes(first)
+        else:
+            self.draft_rounds(ids, first)  # the first chunk, on the hot path's clock
+            draft_s = 0.0
+        verify_s = 0.0
+        a, g, d = self._target_coef
+        lam = getattr(self, "_target_lam", 0.0)
+        for k in range(n_rounds):
+            active = [(rid, sch[k]) for rid, sch in zip(ids, schedules) if len(sch) > k]
+            drafting = [(rid, more) for rid, (_, more, _) in active if more > 0]
+            context = sum(reqs[rid].context + before for rid, (_, _, before) in active)
+            tokens = sum(n + 1 for _, (n, _, _) in active)
+            if overlapped:
+                b = len(active)
+                target_s = faser.verify_time(b, tokens / b - 1, r_split)
+                verify_s += max(target_s, draft_passes([m for _, m in drafting]))
+            else:
+                if drafting:  # the next chunk, drafted while this one is verified (serially here)
+                    self.draft_rounds([rid for rid, _ in drafting], [m for _, m in drafting])
+                dt = a * context + g * tokens + d + (lam * math.log2(tokens) if lam else 0.0)
+                self._clock += dt
+                self.totals["verify_s"] += dt
+                verify_s += dt
+        if overlapped:
+            self._clock += draft_s + verify_s
+            self.totals["draft_s"] += draft_s
+            self.totals["verify_s"] += verify_s
+        draft_s, self._draft_since_verify = self._draft_since_verify + draft_s, 0.0
+        return draft_s, verify_s

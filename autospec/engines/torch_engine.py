@@ -20,7 +20,9 @@ FASER's execution mechanisms (POLICIES.md §4), each lossless by the same argume
                 `last_token`, nothing after it is in either cache) — a shorter step, not a different one.
   frontier      `frontier_step` verifies a step in chunks; a fully accepted chunk commits its drafts
                 without a bonus and keeps the drafts made after it (they were drafted on top of it), so
-                the next chunk's first draft is tested against the target's next position.
+                the next chunk's first draft is tested against the target's next position. Its
+                draft_time_s + verify_time_s is the step's time: drafting overlapped with a verify pass
+                (CUDA) counts as verify time only, drafting run serially (CPU) as draft time only.
   SM split      draft and target run in their own green context and stream (engines/sm_split.py);
                 on CUDA the next chunk is drafted on a worker thread while the target verifies.
 """
@@ -135,7 +137,7 @@ class TorchSDEngine:
         if sm_split:
             self.set_sm_split(float(sm_split))
         self._draft_generator = self.generator  # a separate one while draft and verify overlap on CUDA
-        self.frontier_chunk: int | None = None  # set by configure_execution; the serving step reads it
+        self.frontier_chunk: int | str | None = None  # configure_execution sets it (an int or "auto"); sd_step reads it
 
     # ------------------------------------------------------------------ helpers
     def now(self) -> float:
@@ -193,12 +195,21 @@ class TorchSDEngine:
             raise InputError(f"draft_sampling must be 'sample' or 'greedy', got {mode!r}", field="draft_sampling")
         self.draft_sampling = mode
 
-    def configure_execution(self, execution: Any) -> None:
+    def configure_execution(self, execution: Any, faser: Any = None) -> None:
         """Apply a strategy's execution config (autospec.strategy.ExecutionSpec, duck-typed: engines do not
-        import strategies): early exit on/off with its constants, the frontier chunk size, the SM split."""
+        import strategies): early exit on/off with its constants, the frontier chunk size (an int, or
+        "auto": the serving step picks it per step), the SM split. `faser` — the fit's
+        `latency.FaserModels` — gives early exit's Eq. 10 the fitted T_t, T_ee and T_pr at this split
+        when the profile timed them; otherwise Eq. 10 keeps the constructor's `early_exit_times` (or
+        the params' cost ratios)."""
         self.early_exit = execution.early_exit_params if execution.early_exit else None
-        self.frontier_chunk = int(execution.chunk_size) or None
-        self.set_sm_split(float(execution.sm_split or 0.0) or None)
+        chunk = execution.chunk_size
+        self.frontier_chunk = chunk if isinstance(chunk, str) else (int(chunk) or None)
+        r = float(execution.sm_split or 0.0)
+        self.set_sm_split(r or None)
+        fitted = faser.early_exit_times(r) if faser is not None else None
+        if fitted is not None:
+            self.early_exit_times = fitted
 
     def set_sm_split(self, r: float | None) -> None:
         """Run draft and target in green contexts with r and 1 − r of the SMs (None: the whole GPU).
@@ -374,12 +385,17 @@ class TorchSDEngine:
         hook, ee_ns = None, [0]
         if self.early_exit is not None and Q > 1:
             hook = self._early_exit_hook(tokens, kept, reqs, verify_n, ee_ns)
-        future = None
+        # The step's time is draft_time_s + verify_time_s: drafting that runs at the same time as this pass
+        # (CUDA) is inside verify_time_s and left out of draft_time_s; drafting run one after the other
+        # (CPU) is draft time, taken out of verify_time_s.
+        future, serial_ns, draft_ns_before = None, 0, self._draft_ns_since_verify
         if overlap is not None:
             if self.device.type == "cuda":
                 future = self._overlap_pool().submit(overlap)
             else:
+                o0 = time.perf_counter_ns()
                 overlap()  # CPU: sequential, same bookkeeping
+                serial_ns = time.perf_counter_ns() - o0
         with self._phase("target"):
             try:
                 # grown on the target's stream, so the copy is ordered before the forward that reads it
@@ -478,9 +494,9 @@ class TorchSDEngine:
             target_probs.append(p_tok_l[i][:tested])
             klds.append(kl_l[i][:tested])
         self._sync()
-        elapsed = (time.perf_counter_ns() - t0) / 1e9
+        elapsed = (time.perf_counter_ns() - t0 - serial_ns) / 1e9
         self.totals["verify_s"] += elapsed
-        draft_s = self._draft_ns_since_verify / 1e9
+        draft_s = (draft_ns_before if future is not None else self._draft_ns_since_verify) / 1e9
         self._draft_ns_since_verify = 0
         pruned_out: list[int] = []
         if self.early_exit is not None:

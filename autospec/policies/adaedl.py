@@ -40,6 +40,8 @@ def acceptance_bound(entropy: float, gamma: float = 0.2) -> float:
 class AdaEdlLength(LengthPolicyBase):
     """Per request: keep drafting while the latest token's bound is >= λ, up to K_max."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = AdaEdlParams
     params: AdaEdlParams
 

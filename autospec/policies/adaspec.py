@@ -57,6 +57,8 @@ class AdaSpecDrafter(LengthPolicyBase):
     [chosen]); g = G(k). c̄ is the running mean of every observed draft confidence.
     """
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = AdaSpecDrafterParams
     params: AdaSpecDrafterParams
 
@@ -124,6 +126,8 @@ class AdaSpecVerifier(VerifyPolicyBase):
     the one with the smallest cumulative acceptance AR_ij while removing it raises G; removing only
     tails keeps every request's verified tokens a contiguous prefix. The draft passes already ran,
     so T_sd keeps their cost and only the verify pass shrinks."""
+
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
 
     Params = AdaSpecVerifierParams
     params: AdaSpecVerifierParams

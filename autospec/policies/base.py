@@ -32,7 +32,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar, runtime
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from autospec.contract import DraftState, LatencyModel, RequestView, StepContext, StepOutcome
+from autospec.contract import VIEW_SIGNALS, DraftState, LatencyModel, RequestView, StepContext, StepOutcome
 from autospec.errors import InputError
 
 
@@ -111,10 +111,16 @@ class SchedulePolicy(Protocol):
 
 
 class Policy:
-    """Common base: validated params in `self.params`; no-op hooks a policy may override."""
+    """Common base: validated params in `self.params`; no-op hooks a policy may override.
+
+    `reads` names the RequestView signals (contract.VIEW_SIGNALS: rounds, kld_history,
+    confidence_history, true_match_len) the policy reads; the serving loop keeps only those some
+    policy of the strategy reads. The default is all of them, so a policy that does not say still gets
+    everything; every built-in policy states exactly what it reads."""
 
     Params: ClassVar[type[PolicyParams]] = PolicyParams
     name: ClassVar[str] = ""
+    reads: ClassVar[frozenset[str]] = VIEW_SIGNALS
 
     def __init__(self, **params: Any) -> None:
         self.params = self.Params(**params)
@@ -140,20 +146,37 @@ class TargetLengthPolicy(LengthPolicyBase, ABC):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.step_targets: dict[int, int] = {}
+        self._ids: list[int] = []
+        self._lengths: list[int] = []  # this step's targets, aligned with the step's requests
+        self._by_id: dict[int, int] | None = None
+        self._ctx: StepContext | None = None  # the context begin_step decided for
 
     @abstractmethod
     def targets(self, ctx: StepContext) -> list[int]:
         """Draft length per request this step, aligned with ctx.requests (clipped to [0, k_max])."""
 
     def begin_step(self, ctx: StepContext) -> None:
-        ks = self.targets(ctx)
-        self.step_targets = {r.req_id: max(0, min(int(k), ctx.k_max)) for r, k in zip(ctx.requests, ks)}
+        k_max = ctx.k_max
+        self._ids = [r.req_id for r in ctx.requests]
+        self._lengths = [k if type(k) is int and 0 <= k <= k_max else max(0, min(int(k), k_max))
+                         for k in self.targets(ctx)]
+        self._by_id = None
+        self._ctx = ctx
+
+    @property
+    def step_targets(self) -> dict[int, int]:
+        """req_id -> this step's draft length."""
+        if self._by_id is None:
+            self._by_id = dict(zip(self._ids, self._lengths))
+        return self._by_id
 
     def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
-        return [n < self.step_targets.get(rid, 0) for rid, n in zip(drafts.req_ids, drafts.lengths())]
+        targets = self.step_targets
+        return [n < targets.get(rid, 0) for rid, n in zip(drafts.req_ids, drafts.lengths())]
 
     def fixed_lengths(self, ctx: StepContext) -> list[int]:
+        if ctx is self._ctx:  # the usual call, right after begin_step(ctx)
+            return list(self._lengths)
         targets = self.step_targets
         return [targets.get(r.req_id, 0) for r in ctx.requests]
 

@@ -58,6 +58,8 @@ class BatchScheduleParams(PolicyParams):
 class BatchScheduleLength(TargetLengthPolicy):
     """Every request drafts K(batch size) tokens, K from the bucket the step's batch size falls in."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = BatchScheduleParams
     params: BatchScheduleParams
 

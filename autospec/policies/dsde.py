@@ -143,6 +143,8 @@ def predicted_lengths(histories: Sequence[Sequence[float]], sl_max: float, p: Ds
 class DsdeLength(TargetLengthPolicy):
     """DSDE: s_i = min(SL̂_i, SL_cap) after a warm-up that calibrates SL_max."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = DsdeParams
     params: DsdeParams
 

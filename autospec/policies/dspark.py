@@ -159,6 +159,8 @@ def sps_function(params: DsparkParams, ctx: StepContext, drafts: DraftState) -> 
 class DsparkVerifier(VerifyPolicyBase):
     """DSpark's lossless synchronous prefix scheduler (Alg. 1)."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = DsparkParams
     params: DsparkParams
 
@@ -171,6 +173,8 @@ class DsparkAsyncVerifier(VerifyPolicyBase):
     """DSpark's production form (§5.2): budget from `lag`-step-old confidences by global argmax, then
     the top-K current survivals. Until `lag` steps have been seen the current confidences size the
     budget [chosen]."""
+
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
 
     Params = DsparkAsyncParams
     params: DsparkAsyncParams

@@ -24,6 +24,8 @@ def arrival_order(requests: Sequence[RequestView]) -> list[int]:
 class FcfsSchedule(SchedulePolicyBase):
     """FCFS, non-preemptive."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = FcfsParams
     params: FcfsParams
 

@@ -62,6 +62,8 @@ def per_request_gain(p, s: int):
 class GpLcbLength(TargetLengthPolicy):
     """FASER §4.1 GP-LCB drafter with per-context sliding windows and per-request refinement."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = GpLcbParams
     params: GpLcbParams
 

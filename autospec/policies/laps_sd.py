@@ -86,6 +86,8 @@ def queue_index(value: float, bounds: Sequence[float]) -> int:
 class LapsSdSchedule(SchedulePolicyBase):
     """LAPS-SD multi-level feedback queues with perceptible-request SJF."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = LapsSdParams
     params: LapsSdParams
 

@@ -21,6 +21,8 @@ class LasParams(PolicyParams):
 class LasSchedule(SchedulePolicyBase):
     """LAS: least attained service first, preemptive."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = LasParams
     params: LasParams
 

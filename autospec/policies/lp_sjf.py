@@ -26,6 +26,8 @@ class LpSjfParams(PolicyParams):
 class LpSjfSchedule(SchedulePolicyBase):
     """SJF on predicted remaining length."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = LpSjfParams
     params: LpSjfParams
 

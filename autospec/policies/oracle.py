@@ -20,6 +20,8 @@ class OracleParams(PolicyParams):
 class OracleLength(TargetLengthPolicy):
     """Draft the true match length (sim engine only)."""
 
+    reads = frozenset({"true_match_len"})  # the simulator's m (Policy.reads)
+
     Params = OracleParams
     params: OracleParams
 

@@ -40,6 +40,8 @@ def smartspec_goodput(model: LatencyModel, alpha: float, k: int, batch: int, con
 class SmartSpecLength(TargetLengthPolicy):
     """SmartSpec's goodput-maximising batch draft length."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = SmartSpecParams
     params: SmartSpecParams
 

@@ -20,6 +20,8 @@ class StaticParams(PolicyParams):
 class StaticLength(TargetLengthPolicy):
     """Draft min(k, K_max) tokens for every request (static baseline)."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = StaticParams
     params: StaticParams
 
@@ -34,6 +36,8 @@ class NoDraftParams(PolicyParams):
 @register_length("none")
 class NoDraft(TargetLengthPolicy):
     """Plain autoregressive decoding: never draft (the no-SD baseline)."""
+
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
 
     Params = NoDraftParams
     params: NoDraftParams

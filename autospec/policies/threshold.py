@@ -21,6 +21,8 @@ class ThresholdParams(PolicyParams):
 class ThresholdLength(LengthPolicyBase):
     """Draft while mean(last-token confidence over the batch) >= threshold, at most max_len."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = ThresholdParams
     params: ThresholdParams
 

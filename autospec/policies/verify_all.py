@@ -14,6 +14,8 @@ class VerifyAllParams(PolicyParams):
 class VerifyAll(VerifyPolicyBase):
     """Verify all drafted tokens of every request."""
 
+    reads = frozenset()  # RequestView signals it reads (Policy.reads)
+
     Params = VerifyAllParams
     params: VerifyAllParams
 

@@ -43,7 +43,7 @@ from autospec.contract import RequestView
 from autospec.engines.base import Engine, GenRequest
 from autospec.errors import InputError
 from autospec.serving.state import RequestState
-from autospec.serving.step import StepSettings, sd_step
+from autospec.serving.step import StepSettings, check_execution, sd_step
 from autospec.strategy import Strategy
 
 HISTORY_ROUNDS = 64  # recent rounds a policy can see in RequestView.rounds; the records keep all
@@ -266,9 +266,13 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
     _validate(requests, max_batch, kv_budget_tokens)
     if hasattr(engine, "set_draft_sampling"):
         engine.set_draft_sampling(strategy.execution.draft_sampling)  # type: ignore[attr-defined]
-    if hasattr(engine, "configure_execution"):  # FASER: early exit, frontier chunk, SM split (torch engine)
-        engine.configure_execution(strategy.execution)  # type: ignore[attr-defined]
-    true_match_len = getattr(engine, "true_match_len", None)
+    check_execution(strategy, settings)
+    if hasattr(engine, "set_speculative"):  # the simulator prices a plain (no-SD) engine's passes apart
+        engine.set_speculative(strategy.spec.length.policy != "none")  # type: ignore[attr-defined]
+    if hasattr(engine, "configure_execution"):  # FASER: early exit, frontier chunk, SM split (torch, sim)
+        engine.configure_execution(strategy.execution, faser=settings.faser)  # type: ignore[attr-defined]
+    signals = strategy.view_signals  # keep only the request signals some policy reads (Policy.reads)
+    true_match_len = getattr(engine, "true_match_len", None) if "true_match_len" in signals else None
     swap_cost_s = getattr(engine, "swap_cost_s", None)
     k_max = settings.k_max
     schedule = strategy.schedule
@@ -314,7 +318,8 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         while pending and pending[0].arrival_s <= now:
             r = pending.popleft()
             state = RequestState(r.req_id, len(r.prompt), r.max_tokens, arrival_s=r.arrival_s, domain=r.domain,
-                                 predicted_output_len=r.predicted_output_len, history_rounds=history_rounds)
+                                 predicted_output_len=r.predicted_output_len, history_rounds=history_rounds,
+                                 signals=signals)
             waiting[r.req_id] = state
             waiting_views[r.req_id] = state.live_view()
         if not running and not waiting:
@@ -336,8 +341,11 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
             if state is None:
                 raise RuntimeError(f"schedule policy {strategy.spec.schedule.policy!r} picked unknown "
                                    f"request {rid}")
-            need = state.context_len + min(k_max + 1, state.max_tokens - state.generated)
-            fits = kv_budget_tokens is None or used + need <= kv_budget_tokens
+            if kv_budget_tokens is None:
+                need, fits = 0, True
+            else:
+                need = state.context_len + min(k_max + 1, state.max_tokens - state.generated)
+                fits = used + need <= kv_budget_tokens
             if is_running and fits:
                 keep.append(state)
                 used += need
@@ -424,7 +432,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         log.k.append(outcome.drafted)
         log.l.append(outcome.verified)
         log.accepted.append(outcome.accepted)
-        log.c.append([len(c) for c in outcome.committed])
+        log.c.append(list(map(len, outcome.committed)))
         log.committed.append(outcome.committed_tokens())
         log.draft_s.append(outcome.draft_time_s)
         log.verify_s.append(outcome.verify_time_s)

@@ -9,6 +9,8 @@ Two ways to hand a request to policies:
   view during the call they receive it in (the contract says read-only), so sharing is safe; a policy
   that wants to remember a history must copy it.
 
+Only the signals in `signals` (contract.VIEW_SIGNALS; the serving loop passes the strategy's
+`view_signals`) are kept: a strategy whose policies read no history costs no per-step history work.
 Histories are trimmed in place: KLD/confidence signals keep the last SIGNAL_HISTORY positions, and
 `rounds` keeps the last `history_rounds` rounds when that is set (the serving loop sets it; its own
 records hold the full per-round history) or every round when it is None (the generate runner reports
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autospec.contract import RequestView, RoundRecord, StepOutcome
+from autospec.contract import VIEW_SIGNALS, DraftState, RequestView, RoundRecord, StepOutcome
 
 SIGNAL_HISTORY = 64  # verified positions of KLD/confidence kept per request (DSDE needs 30)
 
@@ -53,7 +55,15 @@ class RequestState:
     finished: bool = False
     engine_id: int | None = None  # the engine's id for it while it holds a slot; None = same as req_id
     history_rounds: int | None = None  # keep only this many recent rounds (None = all)
+    signals: frozenset[str] = VIEW_SIGNALS  # which RequestView signals to keep (module docstring)
     _view: RequestView | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._keep_rounds = "rounds" in self.signals
+        self._keep_klds = "kld_history" in self.signals
+        self._keep_confidences = "confidence_history" in self.signals
+        # whether `record` has any signal history to keep (else `record_step` skips it)
+        self.keeps_history = self._keep_rounds or self._keep_klds or self._keep_confidences
 
     @property
     def eid(self) -> int:
@@ -93,26 +103,43 @@ class RequestState:
         if self._view is not None:
             self._view.generated_len = self.generated
 
-    def record(self, outcome: StepOutcome, i: int, confidences: list[float], step_s: float) -> None:
-        """Fold request i of a verify outcome into this state (and its live view)."""
+    def record(self, outcome: StepOutcome, i: int, drafts: DraftState, step_s: float) -> None:
+        """Fold request i of a verify outcome (and of the step's drafts) into this state and its view."""
         verified = outcome.verified[i]
-        rounds = self.rounds
-        rounds.append(round_record(outcome.drafted[i], verified, outcome.accepted[i]))
-        if self.history_rounds is not None and len(rounds) > self.history_rounds:
-            del rounds[: len(rounds) - self.history_rounds]
+        if self._keep_rounds:
+            rounds = self.rounds
+            rounds.append(round_record(outcome.drafted[i], verified, outcome.accepted[i]))
+            if self.history_rounds is not None and len(rounds) > self.history_rounds:
+                del rounds[: len(rounds) - self.history_rounds]
         if verified:
-            klds = self.kld_history
-            klds.extend(outcome.klds[i])
-            if len(klds) > SIGNAL_HISTORY:
-                del klds[: len(klds) - SIGNAL_HISTORY]
-            conf = self.confidence_history
-            conf.extend(confidences[:verified])
-            if len(conf) > SIGNAL_HISTORY:
-                del conf[: len(conf) - SIGNAL_HISTORY]
-        self.generated += len(outcome.committed[i])
+            if self._keep_klds:
+                klds = self.kld_history
+                klds.extend(outcome.klds[i])
+                if len(klds) > SIGNAL_HISTORY:
+                    del klds[: len(klds) - SIGNAL_HISTORY]
+            if self._keep_confidences:
+                conf = self.confidence_history
+                conf.extend(drafts.confidences_of(i, verified))
+                if len(conf) > SIGNAL_HISTORY:
+                    del conf[: len(conf) - SIGNAL_HISTORY]
+        self._advance(len(outcome.committed[i]), step_s, outcome.finished[i])
+
+    def _advance(self, committed: int, step_s: float, finished: bool) -> None:
+        self.generated += committed
         self.attained_service_s += step_s
-        self.finished = outcome.finished[i]
+        self.finished = finished
         v = self._view
         if v is not None:
             v.generated_len = self.generated
             v.attained_service_s = self.attained_service_s
+
+
+def record_step(states: list[RequestState], outcome: StepOutcome, drafts: DraftState, step_s: float) -> None:
+    """`RequestState.record` for every request of a step (states aligned with the outcome), with the
+    common case — no signal history to keep — in one loop."""
+    if any(s.keeps_history for s in states):
+        for i, state in enumerate(states):
+            state.record(outcome, i, drafts, step_s)
+        return
+    for state, committed, finished in zip(states, outcome.committed, outcome.finished):
+        state._advance(len(committed), step_s, finished)

@@ -20,7 +20,10 @@ from typing import Callable, Mapping
 
 from autospec.contract import DraftState, LatencyModel, StepContext, StepOutcome
 from autospec.engines.base import Engine, draft_rounds
-from autospec.serving.state import RequestState
+from autospec.errors import InputError
+from autospec.latency import FaserModels
+from autospec.policies.faser_frontier import frontier_chunk
+from autospec.serving.state import RequestState, record_step
 from autospec.strategy import Strategy
 
 
@@ -31,6 +34,25 @@ class StepSettings:
     latency_model: LatencyModel | None = None
     slo_tpot_s: float | None = None
     sm_split: float | None = None
+    # FASER's fitted piecewise models (fit/models.json via `autospec.fit.load_fit(...).faser`): the
+    # frontier chunk of chunk_size = "auto" and the fitted early-exit times come from them
+    faser: FaserModels | None = None
+
+
+def check_execution(strategy: Strategy, settings: StepSettings) -> None:
+    """Refuse, before a replay starts, an execution config the settings cannot run (one-line InputError)."""
+    if strategy.execution.chunk_size == "auto" and settings.faser is None:
+        raise InputError('execution.chunk_size = "auto" needs the fitted FASER latency models of a profile '
+                         "(run `autospec fit` and pass its run directory as --profile)",
+                         field="execution.chunk_size")
+
+
+def auto_chunk(strategy: Strategy, settings: StepSettings, lengths: list[int]) -> int | None:
+    """This step's chunk for chunk_size = "auto": s = the longest draft, b = the batch, r = the
+    strategy's SM split (policies/faser_frontier.py: None without a split to overlap in)."""
+    check_execution(strategy, settings)
+    return frontier_chunk(settings.faser, max(lengths, default=0), len(lengths),  # type: ignore[arg-type]
+                          float(strategy.execution.sm_split))
 
 
 # Either a table keyed by the stable req_id, or a function of the engine id (SimEngine.true_match_len).
@@ -52,24 +74,29 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
                       sm_split=settings.sm_split, latency_model=settings.latency_model,
                       slo_tpot_s=settings.slo_tpot_s)
     eids = [s.eid for s in states]
+    req_ids = [s.req_id for s in states]
     strategy.length.begin_step(ctx)
-    drafts = DraftState.empty(ctx.req_ids)
-    tokens, confidences, entropies = drafts.tokens, drafts.confidences, drafts.entropies
     k_max = settings.k_max
     fixed = strategy.length.fixed_lengths(ctx) if hasattr(strategy.length, "fixed_lengths") else None
     # FASER frontier overlap (POLICIES.md §4): with lengths fixed up front and every draft verified, the
     # engine drafts and verifies in chunks itself (TorchSDEngine.frontier_step, execution.chunk_size).
+    # chunk_size = "auto": FASER's condition on the fitted models picks the chunk, None = no overlap.
     chunk = getattr(engine, "frontier_chunk", None)
     frontier = bool(chunk) and fixed is not None and strategy.spec.verify.policy == "all"
     if frontier:
         lengths = [max(0, min(int(k), k_max)) for k in fixed]
+        if chunk == "auto":
+            chunk = auto_chunk(strategy, settings, lengths)
+            frontier = chunk is not None
+    if frontier:
         outcome = engine.frontier_step(dict(zip(eids, lengths)), chunk)  # type: ignore[attr-defined]
+        drafts = DraftState.empty(req_ids)
     elif fixed is not None:  # lengths decided in begin_step: every round in one engine call
-        lengths = [max(0, min(int(k), k_max)) for k in fixed]
-        for i, toks in enumerate(draft_rounds(engine, eids, lengths)):
-            tokens[i].extend([t.token for t in toks])
-            confidences[i].extend([t.confidence for t in toks])
-            entropies[i].extend([t.entropy for t in toks])
+        lengths = [k if type(k) is int and 0 <= k <= k_max else max(0, min(int(k), k_max)) for k in fixed]
+        drafts = DraftState.from_rows(req_ids, draft_rounds(engine, eids, lengths))
+    else:
+        drafts = DraftState.empty(req_ids)
+        tokens, confidences, entropies = drafts.tokens, drafts.confidences, drafts.entropies
     while fixed is None:
         more = strategy.length.keep_drafting(ctx, drafts)
         chosen = [i for i, m in enumerate(more) if m and len(tokens[i]) < k_max]
@@ -82,20 +109,20 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
             entropies[i].append(tok.entropy)
     if not frontier:
         n_verify = strategy.verify.select(ctx, drafts)
-        plan = {eid: max(0, min(int(n), len(t))) for eid, n, t in zip(eids, n_verify, tokens)}
+        plan = {eid: n if type(n) is int and 0 <= n <= k else max(0, min(int(n), k))
+                for eid, n, k in zip(eids, n_verify, drafts.lengths())}
         outcome = engine.verify(plan)
     if outcome.req_ids != eids:
         if sorted(outcome.req_ids) != sorted(eids):
             raise RuntimeError(f"engine verified {outcome.req_ids}, asked for {eids}")
         outcome = _reorder(outcome, eids)
-    if any(s.engine_id is not None and s.engine_id != s.req_id for s in states):
-        outcome = dataclasses.replace(outcome, req_ids=list(ctx.req_ids))
+    if eids != req_ids:  # the engine knows some request under another id (after a preemption)
+        outcome = dataclasses.replace(outcome, req_ids=req_ids)
     strategy.length.observe(ctx, outcome)
     strategy.verify.observe(ctx, outcome)
     strategy.schedule.observe(outcome)
     step_s = outcome.draft_time_s + outcome.verify_time_s
-    for i, state in enumerate(states):
-        state.record(outcome, i, confidences[i], step_s)
+    record_step(states, outcome, drafts, step_s)
     return outcome, drafts
 
 

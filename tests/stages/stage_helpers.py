@@ -16,17 +16,27 @@ PREFILL = {"draft": (4e-6, 1e-3), "target": (3e-5, 8e-3)}
 K_MAX = 4
 
 
-def synthetic_latency(noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] | None = None,
+                      plain: tuple[float, float, float] | None = None) -> pd.DataFrame:
+    """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model (the
+    simulator's clock term); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`)."""
     rng = np.random.default_rng(seed)
     rows = []
     for model, (a, g, d) in TRUE.items():
         for batch in (1, 2, 4, 8):
             for context in (32, 128, 512):
                 for tokens in (range(1, K_MAX + 2) if model == "target" else (1,)):
-                    t = a * batch * context + g * batch * tokens + d
+                    t = a * batch * context + g * batch * tokens + d + (lam or {}).get(model, 0.0) * np.log2(batch * tokens)
                     t *= 1 + noise * rng.standard_normal()
                     rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
                                  "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
+        if model == "target" and plain is not None:  # a plain (no-SD) engine's target step
+            pa, pg, pd_ = plain
+            for batch in (1, 2, 4, 8):
+                for context in (32, 128, 512):
+                    rows.append({"model": "target", "phase": "decode_plain", "batch": batch, "tokens": 1,
+                                 "context": context, "sm_split": np.nan,
+                                 "median_s": pa * batch * context + pg * batch + pd_, "mad_s": 0.0, "repeats": 5})
         per, fixed = PREFILL[model]
         for tokens in (32, 128, 256):
             rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
@@ -55,9 +65,10 @@ def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: f
     return pd.concat(frames, ignore_index=True)[ACCEPTANCE_COLUMNS]
 
 
-def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0) -> Path:
+def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0,
+                        lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None) -> Path:
     prof = root / "profile"
-    write_parquet(prof / "latency.parquet", synthetic_latency(noise))
+    write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}})
     return root

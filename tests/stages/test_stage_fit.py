@@ -35,6 +35,20 @@ def test_fit_recovers_known_coefficients_with_zero_mape(tmp_path):
     table_sps(models.sps["tokens"], models.sps["values"])(3)
 
 
+def test_the_clock_model_recovers_a_sublinear_batch_term_the_linear_model_cannot(tmp_path):
+    lam = {"draft": 1.2e-3, "target": 2e-3}
+    models = fit_profile(write_synthetic_run(tmp_path, lam=lam))
+    for name, (a, g, d) in TRUE.items():
+        c = models.clock[name]
+        assert c["lam"] == pytest.approx(lam[name], rel=1e-3)
+        assert (c["alpha"], c["gamma"], c["delta"]) == pytest.approx((a, g, d), rel=1e-3)
+        assert models.clock_mape[name] < 1e-6
+    assert models.linear_mape["draft"] > 0.05  # AdaSpec's line misses the curve (why the clock exists)
+    # without the curve the clock is AdaSpec's model
+    plain = fit_profile(write_synthetic_run(tmp_path / "plain"))
+    assert all(plain.clock[m]["lam"] < 1e-9 for m in TRUE)
+
+
 def test_fit_is_robust_to_measurement_noise(tmp_path):
     models = fit_profile(write_synthetic_run(tmp_path, noise=0.03))
     assert models.linear_mape["target"] < 0.08 and models.linear_mape["draft"] < 0.08

@@ -22,6 +22,55 @@ def run_dir(tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="module")
+def clock_run_dir(tmp_path_factory):
+    """A profile whose passes cost λ·log2(tokens) more (the fit's clock model has λ > 0)."""
+    run = write_synthetic_run(tmp_path_factory.mktemp("simclock"), lam={"draft": 1e-3, "target": 2e-3})
+    write_fit(run, fit_profile(run))
+    return run
+
+
+def test_clock_model_times_passes_with_its_log_term(clock_run_dir):
+    sim = SimEngine.from_dirs(clock_run_dir)
+    ids = sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50), GenRequest(range(10), 50)]).req_ids
+    a, g, d = TRUE["draft"]
+    t0 = sim.now()
+    sim.draft(ids)
+    assert sim.now() - t0 == pytest.approx(a * (101 + 61 + 11) + g * 3 + d + 1e-3 * np.log2(3), rel=1e-3)
+    a, g, d = TRUE["target"]
+    out = sim.verify({ids[0]: 1, ids[1]: 1, ids[2]: 0})
+    assert out.verify_time_s == pytest.approx(a * (101 + 61 + 11) + g * 5 + d + 2e-3 * np.log2(5), rel=1e-3)
+    # policies still consult AdaSpec's linear model, fitted as the paper has it
+    assert sim.latency_model.draft.lam == 0.0
+
+
+def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(tmp_path):
+    """A profile with plain-engine rows (vLLM's no-SD engine) gives the fit a clock_plain; the sim
+    prices a no-SD strategy's passes by it and every drafting strategy's by the speculative clock."""
+    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+
+    plain = (0.5e-6, 1e-4, 4e-3)
+    run = write_synthetic_run(tmp_path, plain=plain)
+    models = fit_profile(run)
+    assert (models.clock_plain["alpha"], models.clock_plain["gamma"], models.clock_plain["delta"]) == \
+        pytest.approx(plain, rel=1e-3)
+    write_fit(run, models)
+    requests = [ServeRequest(i, 0.0, SyntheticPrompt(40, 4096, i), 20, "code") for i in range(2)]
+    verify_s = {}
+    for preset in ("no-sd", "static-k2"):
+        sim = SimEngine.from_dirs(run)
+        rec = serve(sim, build_strategy(load_preset(preset)), requests, max_batch=2,
+                    settings=StepSettings(k_max=K_MAX, latency_model=sim.latency_model))
+        steps = rec.steps_frame()
+        first = steps.iloc[0]
+        context = int(first["kv_tokens"])
+        tokens = int(sum(first["l"])) + first["batch"]
+        coef = plain if preset == "no-sd" else TRUE["target"]
+        verify_s[preset] = first["verify_s"]
+        assert first["verify_s"] == pytest.approx(coef[0] * context + coef[1] * tokens + coef[2], rel=1e-3)
+    assert verify_s["no-sd"] < verify_s["static-k2"]
+
+
 def _trace_rows(engine, rid):
     """(flat index of position 0, length) of the trace request `rid` replays."""
     r = engine._reqs[rid]
@@ -170,7 +219,7 @@ def test_from_dirs_bad_inputs(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["static-k3", "gp-lcb"])
-def test_batched_draft_rounds_match_one_draft_call_per_round(run_dir, preset):
+def test_batched_draft_rounds_match_one_draft_call_per_round(clock_run_dir, preset):
     """The simulator's draft_rounds fast path (lengths fixed in begin_step) gives the same replay —
     tokens, per-round counts and clock — as the generic one-draft-call-per-round path."""
     from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
@@ -179,7 +228,8 @@ def test_batched_draft_rounds_match_one_draft_call_per_round(run_dir, preset):
                 for i in range(24)]
 
     def replay(batched: bool):
-        sim = SimEngine.from_dirs(run_dir, seed=5)
+        sim = SimEngine.from_dirs(clock_run_dir, seed=5)
+        assert sim._draft_lam > 0 and sim._target_lam > 0
         if not batched:  # hide the fast path: draft_rounds falls back to per-round draft calls
             sim.draft_rounds = None
         rec = serve(sim, build_strategy(load_preset(preset)), requests, max_batch=6, keep_outputs=True,
@@ -193,3 +243,67 @@ def test_batched_draft_rounds_match_one_draft_call_per_round(run_dir, preset):
     np.testing.assert_allclose(fast_steps["end_s"], slow_steps["end_s"], rtol=1e-9)
     np.testing.assert_allclose(fast_steps["draft_s"], slow_steps["draft_s"], rtol=1e-9)
     assert (fast_steps["k"].map(max) > 0).any()
+
+
+class _SpyStatic:
+    """A static-K length policy that remembers the request signals it was shown (module-level
+    registration is not needed: the strategy's length policy is swapped in directly)."""
+
+    def __init__(self, reads):
+        from autospec.policies.static import StaticLength
+
+        self.inner = StaticLength(k=3)
+        if reads is not None:
+            self.reads = reads
+        self.seen = {"rounds": 0, "kld_history": 0, "confidence_history": 0, "true_match_len": 0}
+
+    def begin_step(self, ctx):
+        for r in ctx.requests:
+            self.seen["rounds"] += len(r.rounds)
+            self.seen["kld_history"] += len(r.kld_history)
+            self.seen["confidence_history"] += len(r.confidence_history)
+            self.seen["true_match_len"] += r.true_match_len is not None
+        self.inner.begin_step(ctx)
+
+    def fixed_lengths(self, ctx):
+        return self.inner.fixed_lengths(ctx)
+
+    def keep_drafting(self, ctx, drafts):
+        return self.inner.keep_drafting(ctx, drafts)
+
+    def observe(self, ctx, outcome):
+        self.inner.observe(ctx, outcome)
+
+
+@pytest.mark.parametrize("reads", [None, frozenset(), frozenset({"kld_history", "true_match_len"})])
+def test_the_loop_keeps_exactly_the_request_signals_a_policy_reads(run_dir, reads):
+    """Policy.reads: a policy that does not say (None) sees every signal; one that reads nothing costs
+    the loop no history work and sees none; one that names some sees those only."""
+    import dataclasses
+
+    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+
+    sim = SimEngine.from_dirs(run_dir, seed=2)
+    strategy = build_strategy(load_preset("static-k3"))
+    spy = _SpyStatic(reads)
+    strategy = dataclasses.replace(strategy, length=spy)
+    requests = [ServeRequest(i, 0.01 * i, SyntheticPrompt(40, 4096, i), 60, "code") for i in range(6)]
+    serve(sim, strategy, requests, max_batch=4, settings=StepSettings(k_max=K_MAX, latency_model=sim.latency_model))
+    expected = set(spy.seen) if reads is None else set(reads)
+    assert {name for name, n in spy.seen.items() if n > 0} == expected
+
+
+def test_draft_state_built_from_engine_rows_reads_like_one_built_token_by_token():
+    from autospec.contract import DraftState, DraftToken
+
+    rows = [(DraftToken(5, 0.9, 0.1), DraftToken(7, 0.4, 1.2)), (), (DraftToken(2, 0.6, 0.5),)]
+    lazy = DraftState.from_rows([10, 11, 12], rows)
+    assert lazy.lengths() == [2, 0, 1]
+    assert lazy.confidences_of(0, 1) == [0.9]
+    eager = DraftState.empty([10, 11, 12])
+    for rid, row in zip([10, 11, 12], rows):
+        for tok in row:
+            eager.append(rid, tok)
+    assert (lazy.tokens, lazy.confidences, lazy.entropies) == (eager.tokens, eager.confidences, eager.entropies)
+    lazy.append(12, DraftToken(3, 0.2, 2.0))  # appending after the lists were built keeps them in step
+    assert lazy.tokens[2] == [2, 3] and lazy.lengths() == [2, 0, 2] and lazy.confidences_of(2, 2) == [0.6, 0.2]

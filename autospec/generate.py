@@ -25,7 +25,7 @@ from autospec.errors import InputError
 from autospec.latency import LinearLatencyModel, fit_linear
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepSettings, sd_step
-from autospec.strategy import Strategy, StrategySpec, build_strategy, load_preset, spec_from_dict
+from autospec.strategy import Strategy, StrategySpec, load_preset, spec_from_dict
 from autospec.workloads.prompts import Prompt
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

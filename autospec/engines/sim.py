@@ -43,7 +43,7 @@ import pandas as pd
 from autospec.contract import DraftToken, StepOutcome
 from autospec.engines.base import GenRequest, PrefillResult
 from autospec.errors import InputError
-from autospec.latency import FaserModels, LinearLatencyModel
+from autospec.latency import FaserModels, LinearCoeffs, LinearLatencyModel
 
 _MASK64 = (1 << 64) - 1
 

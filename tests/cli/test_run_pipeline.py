@@ -5,30 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from autospec.strategy import load_preset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import write_synthetic_run  # noqa: E402
+from stage_helpers import write_synthetic_run, synthetic_workload
 
-WORKLOAD = """
-[workload]
-name = "pipeline-test"
-format = "synthetic"
-generator = "poisson"
-rate = 20.0
-duration_s = 1.0
-max_requests = 10
-mean_prompt_tokens = 32
-mean_output_tokens = 10
-max_prompt_tokens = 64
-max_output_tokens = 16
-domains = { code = 1, chat = 1 }
-seed = 0
-"""
+WORKLOAD = synthetic_workload("pipeline-test", rate=20, duration_s=1, max_requests=10, prompt_tokens=32,
+                              output_tokens=8, bundled_prompts=True)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -19,25 +19,11 @@ from autospec.evaluate import HEADLINE, run_evaluate, spec_from_flags
 from autospec.fit import fit_profile, write_fit
 from autospec.gate import load_gate_input, metric_direction, parse_fraction, run_gate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import K_MAX, write_synthetic_run  # noqa: E402
+from stage_helpers import K_MAX, write_synthetic_run, synthetic_workload
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOAD = """
-[workload]
-name = "gate-small"
-format = "synthetic"
-generator = "poisson"
-rate = 20.0
-duration_s = 10.0
-max_requests = 30
-mean_prompt_tokens = 32
-mean_output_tokens = 24
-max_prompt_tokens = 64
-max_output_tokens = 48
-prompts = []
-seed = 1
-"""
+WORKLOAD = synthetic_workload("gate-small", rate=20, duration_s=10, max_requests=30, prompt_tokens=32,
+                              output_tokens=24, seed=1, domains=False)
 SD = "static-k4"
 
 

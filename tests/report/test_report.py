@@ -15,32 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import write_synthetic_run  # noqa: E402
+from stage_helpers import write_synthetic_run, synthetic_workload
 
-from autospec.artifacts import read_json, write_json  # noqa: E402
-from autospec.fit import fit_profile, write_fit  # noqa: E402
+from autospec.artifacts import read_json, write_json
+from autospec.fit import fit_profile, write_fit
 
 AUTOSPEC = [sys.executable, "-m", "autospec.cli"]
 EVIL = "<script>alert(1)</script>"
 EVIL_STRATEGY = "<img src=x onerror=alert(2)>"
 CHROMIUM = Path("/usr/bin/chromium")
 
-WORKLOAD = f"""
-[workload]
-name = "{EVIL}"
-format = "synthetic"
-generator = "poisson"
-rate = 8.0
-duration_s = 10.0
-max_requests = 30
-mean_prompt_tokens = 24
-mean_output_tokens = 12
-max_prompt_tokens = 48
-max_output_tokens = 24
-domains = {{ code = 1, chat = 1 }}
-seed = 1
-"""
+WORKLOAD = synthetic_workload(EVIL, rate=8, duration_s=10, max_requests=30, prompt_tokens=24, output_tokens=12,
+                              seed=1, bundled_prompts=True)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -11,8 +11,6 @@ the simulator is deterministic.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +22,7 @@ from autospec.serving.step import StepSettings
 from autospec.strategy import StrategySpec, build_strategy, list_presets, load_preset, spec_from_dict
 from autospec.workloads.synthetic import synthesize
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import K_MAX, write_synthetic_run  # noqa: E402
+from stage_helpers import K_MAX, write_synthetic_run
 
 # Loaded enough that batches fill (mean batch ~7 of 8) and tight enough that SLO attainment is well
 # inside (0, 1) for every preset, so goodput separates strategies instead of saturating.

@@ -23,25 +23,10 @@ from autospec.deploy import CONFIG_FILE, STRATEGY_FILE, vllm_form, write_deploy
 from autospec.fit import fit_profile, write_fit
 from autospec.strategy import apply_overrides, load_preset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import write_synthetic_run  # noqa: E402
+from stage_helpers import write_synthetic_run, synthetic_workload
 
-WORKLOAD = """
-[workload]
-name = "tune-test"
-format = "synthetic"
-generator = "poisson"
-rate = 40.0
-duration_s = 2.0
-max_requests = 60
-mean_prompt_tokens = 64
-mean_output_tokens = 24
-max_prompt_tokens = 128
-max_output_tokens = 48
-domains = { code = 1, chat = 1 }
-prompts = []
-seed = 0
-"""
+WORKLOAD = synthetic_workload("tune-test", rate=40, duration_s=2, max_requests=60, prompt_tokens=64,
+                              output_tokens=24)
 FEW = "no-sd,static-k2,k-schedule,lp-sjf"
 
 

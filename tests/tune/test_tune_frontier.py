@@ -5,8 +5,6 @@ searched only when the profile has an r axis."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -17,25 +15,10 @@ from autospec.serving.metrics import Slo
 from autospec.strategy import StrategySpec, load_preset, search_space
 from autospec.tune import TuneSpec, run_tune, sample_strategy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from stage_helpers import write_synthetic_run  # noqa: E402
+from stage_helpers import write_synthetic_run, synthetic_workload
 
-WORKLOAD = """
-[workload]
-name = "frontier-tune"
-format = "synthetic"
-generator = "poisson"
-rate = 40.0
-duration_s = 1.0
-max_requests = 30
-mean_prompt_tokens = 48
-mean_output_tokens = 16
-max_prompt_tokens = 96
-max_output_tokens = 32
-domains = { code = 1, chat = 1 }
-prompts = []
-seed = 0
-"""
+WORKLOAD = synthetic_workload("frontier-tune", rate=40, duration_s=1, max_requests=30, prompt_tokens=48,
+                              output_tokens=16)
 
 PRESET = """
 [strategy]

@@ -1,7 +1,9 @@
-"""Synthetic profiles with known ground truth, shared by the stage tests (profile → fit → sim)."""
+"""Synthetic profiles with known ground truth and synthetic workload files, shared by the tests that run
+the stages (profile → fit → sim → tune / evaluate / report / gate)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +74,20 @@ def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, nois
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}})
     return root
+
+
+def synthetic_workload(name: str, *, rate: float, duration_s: float, max_requests: int, prompt_tokens: int,
+                       output_tokens: int, seed: int = 0, domains: bool = True, bundled_prompts: bool = False) -> str:
+    """A `[workload]` TOML for a Poisson synthetic workload: mean prompt/output lengths as given, each
+    clipped at twice its mean; requests spread over code and chat (`domains`); `bundled_prompts` False
+    gives synthetic prompt ids instead of the bundled prompt sets."""
+    lines = ["[workload]", f"name = {json.dumps(name)}", 'format = "synthetic"', 'generator = "poisson"',
+             f"rate = {float(rate)}", f"duration_s = {float(duration_s)}", f"max_requests = {max_requests}",
+             f"mean_prompt_tokens = {prompt_tokens}", f"mean_output_tokens = {output_tokens}",
+             f"max_prompt_tokens = {2 * prompt_tokens}", f"max_output_tokens = {2 * output_tokens}"]
+    if domains:
+        lines.append("domains = { code = 1, chat = 1 }")
+    if not bundled_prompts:
+        lines.append("prompts = []")
+    lines.append(f"seed = {seed}")
+    return "\n".join(lines) + "\n"

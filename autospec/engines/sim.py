@@ -353,6 +353,7 @@ class SimEngine:
         weighted = 0.0  # Σ over drafted tokens of their context
         drafted = 0
         rounds = 0
+        ending = [0] * (k_max + 1)  # requests whose last draft is in round k − 1 (for λ·log2 n_j)
         for rid, k in zip(req_ids, lengths):
             r = reqs[rid]
             if k <= 0:
@@ -367,13 +368,16 @@ class SimEngine:
             weighted += k * (r.context + j0) + k * (k - 1) / 2
             drafted += k
             r.drafted = j0 + k
+            ending[k] += 1
             if k > rounds:
                 rounds = k
         dt = a * weighted + g * drafted + d * rounds
-        if self._draft_lam and rounds:  # round j drafts the requests with more than j drafts to make
-            per_round = np.bincount([min(k, rounds) for k in lengths if k > 0], minlength=rounds + 1)
-            in_round = np.cumsum(per_round[::-1])[::-1][1:]  # requests drafting in round j = 0..rounds-1
-            dt += self._draft_lam * float(np.log2(in_round).sum())
+        if self._draft_lam and rounds:  # round j drafts n_j = the requests with more than j drafts
+            n_j, log_sum = 0, 0.0
+            for j in range(rounds, 0, -1):
+                n_j += ending[j]
+                log_sum += math.log2(n_j)
+            dt += self._draft_lam * log_sum
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -403,40 +407,45 @@ class SimEngine:
                 raise ValueError(f"request {rid} is finished")
             k = r.drafted
             n = 0 if n < 0 else (k if n > k else n)
-            p = r.p
+            p, off, rn = r.p, r.off, r.n
             if greedy:
                 m = match[p]
                 a = n if n < m else m
-                if r.off + a < r.n:  # no wrap: the accepted drafts and the bonus are the trace's next tokens
+                if off + a < rn:  # no wrap: the accepted drafts and the bonus are the trace's next tokens
                     new = tt[p: p + a + 1]
                 else:
-                    new = [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
+                    new = [tt[r.base + (off + i) % rn] for i in range(a + 1)]
             else:
                 probs = tr.accept_probs[p]
                 a = 0
                 while a < n and self._uniform() < probs[a]:
                     a += 1
                 new = tr.chain_tokens[p][:a]
-                new.append(tt[r.base + (r.off + a) % r.n])
+                new.append(tt[r.base + (off + a) % rn])
             c = len(new)
-            if c >= r.room:
-                c = r.room
+            room = r.room
+            finished = c >= room
+            if finished:
+                c = room
                 new = new[:c]
                 r.finished = True
-            context += r.context
+            ctx = r.context
+            context += ctx
             tokens += n + 1
             r.out.extend(new)
-            off = (r.off + c) % r.n  # advance (inlined: this loop runs per request per step)
+            off += c  # advance (inlined: this loop runs per request per step)
+            if off >= rn:
+                off %= rn
             r.off = off
             r.p = r.base + off
-            r.context += c
-            r.room -= c
+            r.context = ctx + c
+            r.room = room - c
             r.drafted = 0
             drafted_l.append(k)
             verified_l.append(n)
             accepted_l.append(a)
             committed_l.append(new)
-            finished_l.append(r.finished)
+            finished_l.append(finished)
             pos_l.append(p)
         a_, g_, d_ = self._target_coef
         dt = a_ * context + g_ * tokens + d_ if req_ids else 0.0

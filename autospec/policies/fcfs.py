@@ -6,6 +6,7 @@ Running requests keep their slots; free slots go to waiting requests in arrival 
 from __future__ import annotations
 
 from itertools import islice
+from operator import attrgetter
 from typing import Sequence
 
 from autospec.contract import RequestView
@@ -16,8 +17,11 @@ class FcfsParams(PolicyParams):
     pass
 
 
+_ARRIVAL = attrgetter("arrival_s", "req_id")
+
+
 def arrival_order(requests: Sequence[RequestView]) -> list[int]:
-    return [r.req_id for r in sorted(requests, key=lambda r: (r.arrival_s, r.req_id))]
+    return [r.req_id for r in sorted(requests, key=_ARRIVAL)]
 
 
 @register_schedule("fcfs")

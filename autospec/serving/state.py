@@ -142,4 +142,11 @@ def record_step(states: list[RequestState], outcome: StepOutcome, drafts: DraftS
             state.record(outcome, i, drafts, step_s)
         return
     for state, committed, finished in zip(states, outcome.committed, outcome.finished):
-        state._advance(len(committed), step_s, finished)
+        # RequestState._advance, inlined: this runs per request per step of a long simulated replay
+        state.generated += len(committed)
+        state.attained_service_s += step_s
+        state.finished = finished
+        v = state._view
+        if v is not None:
+            v.generated_len = state.generated
+            v.attained_service_s = state.attained_service_s

@@ -73,7 +73,7 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
     ctx = StepContext(now_s=now_s, requests=views, k_max=settings.k_max, temperature=settings.temperature,
                       sm_split=settings.sm_split, latency_model=settings.latency_model,
                       slo_tpot_s=settings.slo_tpot_s)
-    eids = [s.eid for s in states]
+    eids = [s.req_id if s.engine_id is None else s.engine_id for s in states]  # RequestState.eid
     req_ids = [s.req_id for s in states]
     strategy.length.begin_step(ctx)
     k_max = settings.k_max

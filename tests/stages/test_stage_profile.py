@@ -106,3 +106,18 @@ def test_profile_refuses_bad_input(tiny_pair, tmp_path):
     res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--k-max", "0"])
     assert res.exit_code == 2 and "k-max" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_trace_size_flags_reach_the_acceptance_traces(bundled_pair, tmp_path):
+    """--trace-tokens and --max-prompt-tokens override the grid's trace sizes (recorded in profile.json)."""
+    target, draft = bundled_pair
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["profile", "--out", str(out), "--target", str(target), "--draft", str(draft),
+                                   "--quick", "--k-max", "2", "--prompts-per-domain", "1",
+                                   "--trace-tokens", "7", "--max-prompt-tokens", "9"])
+    assert res.exit_code == 0, res.output
+    settings = json.loads((out / "profile" / "profile.json").read_text())["settings"]
+    assert (settings["trace_tokens"], settings["max_prompt_tokens"]) == (7, 9)
+    acc = read_parquet(out / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+    assert set(acc.groupby("prompt_id").size()) == {7}

@@ -251,6 +251,9 @@ def profile(
     max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", min=1,
                                                     help="trace prompts keep their last N tokens (default 256, "
                                                          "128 with --quick); match the workload's prompts"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1,
+                                          help="timed steps per latency shape, after the warm-up (default 7, "
+                                               "5 with --quick); more repeats, less noise in the fit"),
     sm_split: Optional[str] = typer.Option(None, "--sm-split", help="draft SM shares r to profile at, e.g. "
                                            "0.25,0.5 (CUDA green contexts; FASER's r axis)"),
     engine_kind: str = typer.Option("torch", "--engine", help="torch | vllm: whose step latency to measure "
@@ -277,7 +280,7 @@ def profile(
     pair = PairSpec() if target is None else PairSpec(target=target, draft=draft)
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
     overrides = {"prompts_per_domain": prompts_per_domain, "trace_tokens": trace_tokens,
-                 "max_prompt_tokens": max_prompt_tokens}
+                 "max_prompt_tokens": max_prompt_tokens, "repeats": repeats}
     settings = settings.model_copy(update={"seed": seed, "sm_splits": splits,
                                            **{k: v for k, v in overrides.items() if v is not None}})
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

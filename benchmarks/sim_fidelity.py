@@ -99,6 +99,32 @@ def rel_err(sim: float, real: float) -> float:
     return abs(sim - real) / abs(real)
 
 
+def fidelity_rows(real_result, sim_summary: dict, slo, engine: str, keys, also=()) -> list[dict]:
+    """Per strategy: the real engine's and the simulator's mean of each metric in `keys`, the sim's
+    relative error, the real engine's value per repeat, and its noise — the largest relative gap of one
+    repeat from the repeats' mean (the floor the sim errors are read against); `also` adds both
+    engines' means of more metrics. Columns are prefixed with `engine` (torch, vllm) and "sim"."""
+    real = real_result.summary
+    runs_of = per_repeat(real_result, slo)
+    rows = []
+    for name in real["strategies"]:
+        r, s = real["strategies"][name], sim_summary["strategies"][name]
+        row = {"strategy": name}
+        for key in keys:
+            row[f"{engine}_{key}"] = r[key]["mean"]
+            row[f"sim_{key}"] = s[key]["mean"]
+            row[f"err_{key}"] = round(rel_err(s[key]["mean"], r[key]["mean"]), 4)
+            runs = [m[key] for m in runs_of[name]]
+            row[f"{engine}_{key}_repeats"] = runs
+            row[f"{engine}_noise_{key}"] = round(max(rel_err(v, r[key]["mean"]) for v in runs), 4)
+        for key in also:
+            row[f"{engine}_{key}"] = r[key]["mean"]
+            row[f"sim_{key}"] = s[key]["mean"]
+        rows.append(row)
+        print({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_fidelity.json")
@@ -149,25 +175,9 @@ def main() -> None:
     torch_s = time.perf_counter() - t1
     sim_spec = EvaluateSpec(engine="sim", **common)
     sim = run_evaluate(sim_spec, run_dir / "sim").summary
-    torch_runs = per_repeat(real_result, sim_spec.slo)
 
-    rows = []
-    for name in real["strategies"]:
-        r, s = real["strategies"][name], sim["strategies"][name]
-        row = {"strategy": name}
-        for key in GOALS:
-            row[f"torch_{key}"] = r[key]["mean"]
-            row[f"sim_{key}"] = s[key]["mean"]
-            row[f"err_{key}"] = round(rel_err(s[key]["mean"], r[key]["mean"]), 4)
-            runs = [m[key] for m in torch_runs[name]]
-            row[f"torch_{key}_repeats"] = runs
-            # torch vs torch: the largest relative gap of one repeat from the repeats' mean
-            row[f"torch_noise_{key}"] = round(max(rel_err(v, r[key]["mean"]) for v in runs), 4)
-        for key in ("acceptance_rate", "accepted_per_step", "mean_batch", "speedup_vs_no_sd", "ttft_mean"):
-            row[f"torch_{key}"] = r[key]["mean"]
-            row[f"sim_{key}"] = s[key]["mean"]
-        rows.append(row)
-        print({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    rows = fidelity_rows(real_result, sim, sim_spec.slo, "torch", GOALS,
+                         ("acceptance_rate", "accepted_per_step", "mean_batch", "speedup_vs_no_sd", "ttft_mean"))
     max_err = {key: max(row[f"err_{key}"] for row in rows) for key in GOALS}
     max_noise = {key: max(row[f"torch_noise_{key}"] for row in rows) for key in GOALS}
     result = {

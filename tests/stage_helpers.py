@@ -68,11 +68,13 @@ def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: f
 
 
 def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0,
-                        lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None) -> Path:
+                        lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None,
+                        engine: str = "torch") -> Path:
+    """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
     write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
-    write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}})
+    write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root
 
 

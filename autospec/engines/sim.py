@@ -16,6 +16,10 @@ the chain's for accepted drafts and the trace's target token for the correction/
 ids are a stand-in (the simulator models counts and time, not T>0 text).
 
 Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
+with `fused_prefill` (a simulator calibrated from a vLLM profile) only their per-token costs while
+requests are running — vLLM runs a step's prefills inside that step's target and draft passes, whose
+fixed costs the step already pays (DESIGN.md, "sim"; the serving loop then starts the new requests'
+decoding in the next step, as vLLM does) — and no draft prefill for an engine serving without SD;
 each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
 the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
 context, N_b = Σ verified + 1).
@@ -165,11 +169,22 @@ class _SimRequest:
         self.room -= committed
 
 
+def profiled_engine(run_dir: Path) -> str:
+    """The engine a run directory's profile measured ("torch" when profile.json does not say)."""
+    import json
+
+    try:
+        meta = json.loads((Path(run_dir) / "profile" / "profile.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "torch"
+    return str(meta.get("engine") or "torch")
+
+
 class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`."""
 
     def __init__(self, traces: AcceptanceTraces, costs: SimCosts, *, k_max: int | None = None,
-                 temperature: float = 0.0, seed: int = 0):
+                 temperature: float = 0.0, seed: int = 0, fused_prefill: bool = False):
         if temperature < 0:
             raise InputError(f"temperature must be >= 0, got {temperature}", field="temperature")
         if len(traces) == 0:
@@ -197,6 +212,9 @@ class SimEngine:
         self._draft_lam, self._target_lam = d.lam, t.lam  # λ·log2(tokens in the pass), 0 = AdaSpec's line
         self._sd_target = (self._target_coef, self._target_lam)
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
+        # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
+        self.fused_prefill = bool(fused_prefill)
+        self._speculative = True
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -224,7 +242,8 @@ class SimEngine:
                          (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
                          (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
                          clock=fit.clock_model, plain_target=fit.plain_target_clock)
-        return cls(AcceptanceTraces(frame, models.k_max), costs, k_max=k_max, temperature=temperature, seed=seed)
+        return cls(AcceptanceTraces(frame, models.k_max), costs, k_max=k_max, temperature=temperature, seed=seed,
+                   fused_prefill=profiled_engine(root) == "vllm")
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -240,6 +259,7 @@ class SimEngine:
         says: no for a strategy that never drafts). Without it the target's passes are priced by the
         fit's plain-engine clock when the profile measured one (vLLM's plain engine does less per step
         than a speculative one with no drafts); otherwise nothing changes."""
+        self._speculative = bool(enabled)
         p = self.costs.plain_target
         if enabled or p is None:
             self._target_coef, self._target_lam = self._sd_target
@@ -287,10 +307,23 @@ class SimEngine:
             ids.append(rid)
             first.append(tok)
             finished.append(req.finished)
-        dt = self.costs.prefill_time(prompt_tokens)
+        if not self.fused_prefill:
+            dt = self.costs.prefill_time(prompt_tokens)
+        else:
+            dt = self._fused_prefill_time(prompt_tokens, alone=len(self._reqs) == len(ids))
         self._clock += dt
         self.totals["prefill_s"] += dt
         return PrefillResult(ids, first, finished, dt)
+
+    def _fused_prefill_time(self, tokens: int, alone: bool) -> float:
+        """A vLLM step's prefill cost: the prefill lines' per-token costs, their fixed costs too when no
+        request is running (`alone`: the step is a prefill-only step), the draft's only for an engine
+        that drafts (vLLM's plain engine has no draft model)."""
+        (at, bt), (ad, bd) = self.costs.prefill_target, self.costs.prefill_draft
+        dt = max(0.0, at) * tokens + (max(0.0, bt) if alone else 0.0)
+        if self._speculative:
+            dt += max(0.0, ad) * tokens + (max(0.0, bd) if alone else 0.0)
+        return dt
 
     def remove(self, req_ids: Sequence[int]) -> None:
         for rid in req_ids:

@@ -9,12 +9,14 @@ writes (`ServeRecords`) from a per-step log that `autospec.engines.vllm_schedule
 per scheduled request the tokens scheduled, drafts verified and tokens committed. `compute_metrics`
 then gives a summary.json identical in format to the torch engine's and the simulator's.
 
-What the records cannot know on vLLM (NaN in steps.parquet): `draft_s` and `verify_s` separately (one
-vLLM step is verify + sampling + the draft proposals for the next step; the whole step is end_s −
-start_s), `prefill_s` (vLLM mixes prefills into decode steps), `swap_s` (no KV swap cost model) and
-any other per-step column the serving loop records that vLLM does not report (e.g. early exit).
-Every other column is exact: batch, req_ids, k (= drafted = l, vLLM verifies every draft it
-schedules), accepted (committed − 1), c, committed, admitted, preempted, kv_tokens.
+One vLLM step is the target's pass (verify, plus the prefills vLLM mixes into it), sampling, and the
+draft proposals for the next step. `draft_s` is the worker's time in those proposals (timed inside vLLM
+by `vllm_scheduler.DraftTimer`, new requests' draft prefill included) and `verify_s` the rest of the
+step (end_s − start_s − draft_s); both are NaN for no-SD. What the records cannot know on vLLM (NaN in
+steps.parquet): `prefill_s` (inside the step's target pass), `swap_s` (no KV swap cost model) and any
+other per-step column the serving loop records that vLLM does not report (e.g. early exit). Every
+other column is exact: batch, req_ids, k (= drafted = l, vLLM verifies every draft it schedules),
+accepted (committed − 1), c, committed, admitted, preempted, kv_tokens.
 
 Strategies: `speculative_config_for` is the one place a `StrategySpec` becomes a vLLM
 speculative_config (used by evaluate, tests and `deploy/vllm_speculative_config.json`), with the draft
@@ -56,6 +58,7 @@ import it, and `--engine vllm` without it installed is a one-line InputError.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import importlib.util
 import json
 import math
@@ -290,6 +293,9 @@ def engine_kwargs(target: Path, spec_cfg: Mapping[str, Any] | None, *, max_num_s
     if record_steps is not None:
         kwargs["scheduler_cls"] = SCHEDULER_CLS
         additional["autospec_step_log"] = str(record_steps)
+        if spec_only:  # time the draft proposals inside vLLM's worker (vllm_scheduler.DraftTimer)
+            additional["autospec_draft_log"] = str(draft_log_path(record_steps))
+            kwargs["worker_extension_cls"] = "autospec.engines.vllm_scheduler.DraftTimer"
     if "scheduler_cls" in parts:
         kwargs["scheduler_cls"] = parts["scheduler_cls"]
         kwargs["async_scheduling"] = parts["async_scheduling"]
@@ -369,8 +375,16 @@ class _ClientRecord:
     spec_steps: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per verify step
 
 
+def draft_log_path(step_log: Path) -> Path:
+    """Where the worker's draft timer (vllm_scheduler.DraftTimer) logs, next to the step log."""
+    return Path(step_log).with_suffix(".draft.jsonl")
+
+
 def read_step_log(path: Path, since: float) -> list[dict[str, Any]]:
-    """The recording scheduler's steps that started at or after `since` (perf_counter seconds)."""
+    """The recording scheduler's steps that started at or after `since` (perf_counter seconds), each
+    with "d": the seconds vLLM's worker spent in draft proposals within the step (the draft timer's
+    calls that started between the step's t0 and t1; None when the engine drafts nothing) and "p":
+    the seconds of each draft forward pass in them."""
     steps = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
@@ -378,6 +392,17 @@ def read_step_log(path: Path, since: float) -> list[dict[str, Any]]:
                 row = json.loads(line)
                 if row["t0"] >= since:
                     steps.append(row)
+    drafts = draft_log_path(path)
+    calls = []
+    if drafts.is_file():
+        with open(drafts, encoding="utf-8") as fh:
+            calls = sorted((c["t"], c["d"], c.get("p", [])) for c in map(json.loads, filter(str.strip, fh))
+                           if c["t"] >= since)
+    starts = [t for t, _, _ in calls]
+    for row in steps:
+        lo, hi = bisect.bisect_left(starts, row["t0"]), bisect.bisect_right(starts, row["t1"])
+        row["d"] = sum(d for _, d, _ in calls[lo:hi]) if calls else None
+        row["p"] = [p for _, _, passes in calls[lo:hi] for p in passes]
     return steps
 
 
@@ -399,7 +424,7 @@ def records_from_steps(strategy: str, requests: Sequence[Any], steps: Sequence[M
     nan = math.nan
     for row in steps:
         start, end = row["t0"] - t0, row["t1"] - t0
-        ids, ks, cs, firsts = [], [], [], []
+        ids, ks, cs = [], [], []
         n_first = 0
         for rid, n, k, c, first in zip(row["ids"], row["n"], row["k"], row["c"], row["first"]):
             rec = records.get(rid)
@@ -438,6 +463,9 @@ def records_from_steps(strategy: str, requests: Sequence[Any], steps: Sequence[M
         log.preempted.append(int(row.get("pre", 0)))
         ctx = {rid: by_id[str(rid)] for rid in ids}
         log.kv_tokens.append(sum(len(ctx[i].prompt) + (ctx[i].max_tokens - left[str(i)]) for i in ids))
+        draft_s = row.get("d")
+        log.draft_s.append(nan if draft_s is None else float(draft_s))
+        log.verify_s.append(nan if draft_s is None else end - start - float(draft_s))
     # Per-step columns this engine cannot know (and any the loop adds later) are NaN for every step.
     for f in fields(log):
         column = getattr(log, f.name)
@@ -487,8 +515,13 @@ class VllmReplayer:
         longest = max(len(r.prompt) + r.max_tokens for r in requests)
         with tempfile.TemporaryDirectory(prefix="autospec-vllm-") as tmp:
             log_path = Path(tmp) / "steps.jsonl"
+            # [chosen] Prefix caching off: every repeat replays the same prompts, and with the cache on a
+            # repeat after the first would skip its prefills (measured: static-k4's mean TPOT 58 ms in
+            # the first repeat, 40 ms in the second). The torch engine and the simulator keep no prefix
+            # cache either, so all three engines replay the same work.
             kwargs = engine_kwargs(self.target, cfg, max_num_seqs=self.max_batch, seed=self.seed,
-                                   record_steps=log_path, max_model_len=max(longest + 16, 256))
+                                   record_steps=log_path, max_model_len=max(longest + 16, 256),
+                                   enable_prefix_caching=False)
             # The engine's output handler lives on this loop: shut the engine down before closing it.
             loop = asyncio.new_event_loop()
             try:
@@ -579,16 +612,16 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
     """`latency.parquet` rows (autospec.profile.LATENCY_COLUMNS) measured through vLLM's engine steps.
 
     * target decode (batch, tokens = k + 1, context): engine steps of a `FixedKProposer` engine
-      (num_speculative_tokens = K_max, exactly k constant proposals per request, so the step is the
-      target's verify of k + 1 tokens per request plus vLLM's per-step work);
-    * draft decode (batch, 1, context): (a draft_model engine's step with K = K_max − the fixed-proposer
-      step verifying the same K_max + 1 tokens) / K_max — one draft pass over the batch (vLLM's draft
-      proposes inside the step, in sample_tokens). K_max passes rather than one: a single 2-layer draft
-      pass is smaller than the step-to-step noise of a shared CPU, and a difference of one pass came out
-      at or below zero;
-    * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens (target: fixed
-      engine; draft: the draft_model engine's prefill step minus the target's, minus its K_max − 1
-      single-token draft passes);
+      (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
+      worker spent in that proposer: the target's verify of k + 1 tokens per request plus vLLM's
+      per-step work;
+    * draft decode (batch, 1, context): a draft_model engine's (K = K_max) draft time per step, as
+      vLLM's worker measures it (vllm_scheduler.DraftTimer), / K_max — one draft pass over the batch.
+      The first of a step's K_max passes runs over the tokens the target just verified, the others
+      over one token per request; the per-pass mean carries that;
+    * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
+      time (target: fixed engine); draft: the draft_model engine's first draft forward pass in its
+      prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass);
     * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
       no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
       engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
@@ -616,23 +649,35 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
                 kwargs["additional_config"]["autospec_fixed_k_file"] = str(k_file)
             return make_llm(kwargs)
 
-        def decode_steps(llm, batch: int, context: int, steps_wanted: int) -> list[float]:
+        def split(step: dict) -> tuple[float, float]:
+            """(seconds outside the draft proposals, seconds in them) of one logged step."""
+            draft_s = float(step.get("d") or 0.0)
+            return step["t1"] - step["t0"] - draft_s, draft_s
+
+        def decode_steps(llm, batch: int, context: int, steps_wanted: int) -> list[tuple[float, float]]:
             prompts = rng.integers(1, vocab, (batch, context)).tolist()
             t0 = time.perf_counter()
             generate_tokens(llm, prompts, steps_wanted + 2)
             steps = [s for s in read_step_log(log, t0) if not any(s["first"]) and len(s["ids"]) == batch]
-            times = [s["t1"] - s["t0"] for s in steps][settings.warmup:settings.warmup + settings.repeats]
+            times = [split(s) for s in steps][settings.warmup:settings.warmup + settings.repeats]
             if not times:
                 raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
             return times
 
-        def prefill_times(llm, tokens: int) -> list[float]:
-            times = []
+        def prefill_steps(llm, tokens: int) -> list[dict]:
+            steps = []
             for _ in range(settings.warmup + settings.repeats):
                 t0 = time.perf_counter()
                 generate_tokens(llm, [rng.integers(1, vocab, tokens).tolist()], 1)
-                times += [s["t1"] - s["t0"] for s in read_step_log(log, t0) if any(s["first"])]
-            return times[settings.warmup:]
+                steps += [s for s in read_step_log(log, t0) if any(s["first"])]
+            return steps[settings.warmup:]
+
+        def draft_prefill(step: dict, one_pass: float) -> float:
+            """The draft's prefill in a prefill step: its first forward pass (over the prompt), or, when
+            the passes were not timed, the step's draft time less its K − 1 single-token passes."""
+            if step["p"]:
+                return step["p"][0]
+            return max(split(step)[1] - (settings.k_max - 1) * one_pass, 1e-6)
 
         def row(model, phase, batch, tokens, context, times):
             rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": int(context),
@@ -641,7 +686,6 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
 
         n_steps = settings.warmup + settings.repeats
         mid = settings.warmup + (settings.repeats + 1) / 2  # mean tokens generated before a timed step
-        fixed_full: dict[tuple[int, int], float] = {}  # fixed engine, K_max drafts verified
         llm = engine({"method": "custom_class", "model": "autospec.engines.vllm_scheduler.FixedKProposer",
                       "num_speculative_tokens": settings.k_max})
         try:
@@ -650,14 +694,12 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
                 for batch in settings.batches:
                     for tokens in range(1, settings.k_max + 2):
                         k_file.write_text(str(tokens - 1))
-                        times = decode_steps(llm, batch, context, n_steps)
+                        times = [outside for outside, _ in decode_steps(llm, batch, context, n_steps)]
                         row("target", "decode", batch, tokens, context + mid, times)
-                        if tokens == settings.k_max + 1:
-                            fixed_full[(batch, context)] = float(np.median(times))
                     if advance is not None:
                         advance(settings.k_max + 1)
             k_file.write_text("0")
-            target_prefill = {t: prefill_times(llm, t) for t in settings.prefill_tokens}
+            target_prefill = {t: [split(s)[0] for s in prefill_steps(llm, t)] for t in settings.prefill_tokens}
         finally:
             close_llm(llm)
         k = settings.k_max
@@ -667,16 +709,16 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
             generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up
             for context in settings.contexts:
                 for batch in settings.batches:
-                    times = decode_steps(llm, batch, context, (k + 1) * n_steps)
-                    base = fixed_full[(batch, context)]
-                    row("draft", "decode", batch, 1, context + mid, [max((t - base) / k, 1e-6) for t in times])
+                    times = [draft_s / k for _, draft_s in decode_steps(llm, batch, context, (k + 1) * n_steps)]
+                    if not all(times):
+                        raise RuntimeError("vLLM's worker logged no draft time (vllm_scheduler.DraftTimer)")
+                    row("draft", "decode", batch, 1, context + mid, times)
                     if advance is not None:
                         advance(1)
             one_pass = float(rows[-len(settings.batches) * len(settings.contexts)]["median_s"])  # batch 1
-            for t, base_times in target_prefill.items():
-                row("target", "prefill", 1, t, 0, base_times)
-                base = float(np.median(base_times)) + (k - 1) * one_pass
-                row("draft", "prefill", 1, t, 0, [max(x - base, 1e-6) for x in prefill_times(llm, t)])
+            for t, target_times in target_prefill.items():
+                row("target", "prefill", 1, t, 0, target_times)
+                row("draft", "prefill", 1, t, 0, [draft_prefill(s, one_pass) for s in prefill_steps(llm, t)])
                 if advance is not None:
                     advance(2)
         finally:
@@ -686,7 +728,8 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
             generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up
             for context in settings.contexts:
                 for batch in settings.batches:
-                    row("target", "decode_plain", batch, 1, context + mid, decode_steps(llm, batch, context, n_steps))
+                    times = [outside for outside, _ in decode_steps(llm, batch, context, n_steps)]
+                    row("target", "decode_plain", batch, 1, context + mid, times)
                     if advance is not None:
                         advance(1)
         finally:

@@ -12,7 +12,13 @@ this `scheduler_cls` writes one JSON line per engine step to the file named by
      "pre": requests preempted (for recompute) when this step was scheduled}
 
 On this CPU build the engine runs synchronously (no async scheduling), so t0..t1 is the whole step:
-the target's verify forward, sampling, and the draft proposals for the next step.
+the target's verify forward, sampling, and the draft proposals for the next step. The last of these
+is timed directly: `DraftTimer` (a worker extension, so it runs in vLLM's worker process, which on the
+CPU build is not the engine core's) wraps the model runner's `propose_draft_token_ids` — the one call
+that runs the draft model, its prompt prefill for new requests included — with a clock and logs each
+call to a second file; `autospec.engines.vllm_engine.read_step_log` adds each step's draft seconds
+("d") from it. So the profile reads the draft's cost from vLLM itself instead of differencing two
+engines' whole steps.
 
 `OnlineKScheduler` (a subclass, same log plus "K" and "tk") runs an autospec length policy (GP-LCB,
 SmartSpec) inside the engine core: it chooses the batch K vLLM drafts every step and trims each
@@ -35,6 +41,92 @@ from autospec.contract import RequestView, RoundRecord, StepOutcome
 from autospec.engines.vllm_online import ONLINE_KEY, OnlineLength
 
 STEP_LOG_KEY = "autospec_step_log"
+
+DRAFT_LOG_KEY = "autospec_draft_log"
+WORKER_EXTENSION = "autospec.engines.vllm_scheduler.DraftTimer"
+
+
+class DraftTimer:
+    """vLLM `worker_extension_cls` whose import, in the worker process, wraps the model runner's
+    `propose_draft_token_ids` with a clock (module docstring). Each call appends {"t": start, "d":
+    seconds, "p": [seconds of each draft forward pass]} (perf_counter, CLOCK_MONOTONIC: comparable
+    across the engine's processes) to the file named
+    by `additional_config["autospec_draft_log"]`; runners without that key are untouched. The class itself
+    adds nothing to the worker: vLLM imports it there, which is the point. On CUDA the clock synchronises
+    the device before and after the call, so the time is the draft's work and not its launch (a
+    recording run pays that; a deployment never installs this)."""
+
+
+def _time_draft_proposals() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # the CPU runner inherits the method
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if getattr(original, "_autospec_timed", False):
+        return
+
+    def timed(self, *args, **kwargs):
+        log = _draft_log(self)
+        if log is None:
+            return original(self, *args, **kwargs)
+        sync = _cuda_sync(self)
+        passes = _draft_passes(self, sync)
+        passes.clear()
+        sync()
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            sync()
+            log.write(json.dumps({"t": start, "d": time.perf_counter() - start, "p": list(passes)}) + "\n")
+
+    timed._autospec_timed = True  # type: ignore[attr-defined]
+    GPUModelRunner.propose_draft_token_ids = timed
+
+
+def _draft_log(runner):
+    log = getattr(runner, "_autospec_draft_log", False)
+    if log is False:
+        path = (runner.vllm_config.additional_config or {}).get(DRAFT_LOG_KEY)
+        log = open(path, "a", buffering=1, encoding="utf-8") if path else None  # noqa: SIM115 — lives with the runner
+        runner._autospec_draft_log = log
+    return log
+
+
+def _draft_passes(runner, sync) -> list[float]:
+    """The draft model's forward passes in the current proposal call, in seconds: forward hooks on the
+    drafter's model (the first pass runs over the tokens the target just verified — over the prompt,
+    for a new request —, the others over one token per request). Empty for drafters without a model."""
+    passes = getattr(runner, "_autospec_passes", None)
+    if passes is None:
+        passes = runner._autospec_passes = []
+        model = getattr(getattr(runner, "drafter", None), "model", None)
+        if hasattr(model, "register_forward_hook"):
+            started: list[float] = []
+
+            def before(*_):
+                sync()
+                started.append(time.perf_counter())
+
+            def after(*_):
+                sync()
+                if started:
+                    passes.append(time.perf_counter() - started.pop())
+
+            model.register_forward_pre_hook(before)
+            model.register_forward_hook(after)
+    return passes
+
+
+def _cuda_sync(runner):
+    device = getattr(runner, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+_time_draft_proposals()
 
 
 def external_id(internal: str) -> str:

@@ -19,7 +19,10 @@ Each iteration:
    engine that models a KV switch cost (`swap_cost_s(context_tokens)`, the simulator) is charged it
    by advancing its clock (POLICIES.md §7);
 5. admitted requests are prefilled together (`engine.add`), whose first token is the request's first
-   token (or the next token of a resumed one);
+   token (or the next token of a resumed one); they join this iteration's step — except on an engine
+   with `fused_prefill` (the simulator calibrated from a vLLM profile), where, as in vLLM, the
+   prefills run inside the step of the running requests, the first tokens come at that step's end
+   and the new requests draft from the next step on;
 6. `sd_step` drafts, verifies and lets every policy observe, for the whole batch; the engine's
    `true_match_len` (the simulator's oracle signal) is passed along when the engine has one.
 
@@ -271,6 +274,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         engine.set_speculative(strategy.spec.length.policy != "none")  # type: ignore[attr-defined]
     if hasattr(engine, "configure_execution"):  # FASER: early exit, frontier chunk, SM split (torch, sim)
         engine.configure_execution(strategy.execution, faser=settings.faser)  # type: ignore[attr-defined]
+    fused_prefill = bool(getattr(engine, "fused_prefill", False))  # the simulator of a vLLM profile
     signals = strategy.view_signals  # keep only the request signals some policy reads (Policy.reads)
     true_match_len = getattr(engine, "true_match_len", None) if "true_match_len" in signals else None
     swap_cost_s = getattr(engine, "swap_cost_s", None)
@@ -312,6 +316,18 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         if on_finish is not None:  # progress bars, and tune's pruning (it reads the finished record)
             for s in states:
                 on_finish(records[s.req_id])
+
+    def first_tokens(admitted: list[tuple[RequestState, bool]], t_admit: float, t: float) -> None:
+        """Record the admitted requests' prefill tokens (emitted at `t`); finish those it completed."""
+        for s, _ in admitted:
+            rec = records[s.req_id]
+            if math.isnan(rec.admitted_s):
+                rec.admitted_s = t_admit
+                rec.first_token_s = t
+            log.prefill_req.append(s.req_id)
+            log.prefill_t.append(t)
+            log.prefill_before.append(len(log.end_s))
+        finish([s for s, fin in admitted if fin], t)
 
     while pending or waiting or running:
         now = engine.now() - t0
@@ -384,6 +400,8 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
 
         # --- admit: prefill together; the prefill's token is the (next) output token
         prefill_s = 0.0
+        admitted: list[tuple[RequestState, bool]] = []  # (state, finished at its prefill)
+        t_admit = t_first = 0.0
         if admit:
             t_admit = engine.now() - t0
             gen = []
@@ -396,25 +414,21 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
             res = engine.add(gen)
             prefill_s = res.time_s
             t_first = engine.now() - t0
-            done_now = []
             for s, eid, fin in zip(admit, res.req_ids, res.finished):
                 del waiting[s.req_id]
                 running_views[s.req_id] = waiting_views.pop(s.req_id)
                 s.engine_id = eid
                 s.commit(1)
                 running[s.req_id] = s
-                rec = records[s.req_id]
-                if math.isnan(rec.admitted_s):
-                    rec.admitted_s = t_admit
-                    rec.first_token_s = t_first
-                log.prefill_req.append(s.req_id)
-                log.prefill_t.append(t_first)
-                log.prefill_before.append(len(log.end_s))
                 if fin:
                     s.finished = True
-                    done_now.append(s)
-            finish(done_now, t_first)
-        batch = [s for s in chain(keep, admit) if not s.finished]
+                admitted.append((s, fin))
+        # A fused-prefill engine (vLLM's structure) runs the prefills inside this step, with the running
+        # requests: their first token comes at its end (at once if nothing runs: a prefill-only step)
+        # and they draft from the next step on.
+        batch = [s for s in (keep if fused_prefill else chain(keep, admit)) if not s.finished]
+        if admitted and not (fused_prefill and batch):
+            first_tokens(admitted, t_admit, t_first)
         if not batch:
             if not running and not admit and not evicted:
                 raise RuntimeError(f"schedule policy {strategy.spec.schedule.policy!r} chose no request to "
@@ -443,5 +457,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         log.swap_s.append(swap_s)
         log.kv_tokens.append(sum([s.prompt_len + s.generated for s in batch]))
         finish(done_now, t_end)
+        if admitted and fused_prefill:
+            first_tokens(admitted, t_admit, t_end)
 
     return ServeRecords(strategy.name, [records[r.req_id] for r in order], log, time.perf_counter() - wall0)

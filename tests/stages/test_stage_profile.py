@@ -110,14 +110,16 @@ def test_profile_refuses_bad_input(tiny_pair, tmp_path):
 
 @pytest.mark.slow
 def test_cli_trace_size_flags_reach_the_acceptance_traces(bundled_pair, tmp_path):
-    """--trace-tokens and --max-prompt-tokens override the grid's trace sizes (recorded in profile.json)."""
+    """--trace-tokens and --max-prompt-tokens override the grid's trace sizes, --repeats the timed steps
+    per latency shape (all recorded in profile.json)."""
     target, draft = bundled_pair
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["profile", "--out", str(out), "--target", str(target), "--draft", str(draft),
                                    "--quick", "--k-max", "2", "--prompts-per-domain", "1",
-                                   "--trace-tokens", "7", "--max-prompt-tokens", "9"])
+                                   "--trace-tokens", "7", "--max-prompt-tokens", "9", "--repeats", "2"])
     assert res.exit_code == 0, res.output
     settings = json.loads((out / "profile" / "profile.json").read_text())["settings"]
-    assert (settings["trace_tokens"], settings["max_prompt_tokens"]) == (7, 9)
+    assert (settings["trace_tokens"], settings["max_prompt_tokens"], settings["repeats"]) == (7, 9, 2)
+    assert (read_parquet(out / "profile" / "latency.parquet", LATENCY_COLUMNS)["repeats"] == 2).all()
     acc = read_parquet(out / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
     assert set(acc.groupby("prompt_id").size()) == {7}

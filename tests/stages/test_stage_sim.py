@@ -71,6 +71,56 @@ def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(
     assert verify_s["no-sd"] < verify_s["static-k2"]
 
 
+def _serve_two(sim, preset="static-k2", gap=0.05):
+    """r0 arrives at 0, r1 at `gap` (while r0 runs); 12 tokens each."""
+    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+
+    requests = [ServeRequest(i, i * gap, SyntheticPrompt(40 + 20 * i, 4096, i), 12, "code") for i in range(2)]
+    return serve(sim, build_strategy(load_preset(preset)), requests, max_batch=4,
+                 settings=StepSettings(k_max=K_MAX, latency_model=sim.latency_model))
+
+
+def test_a_vllm_profile_replays_with_prefills_inside_the_running_requests_step(tmp_path):
+    """vLLM's step structure (fused prefill): a request admitted while another runs is prefilled inside
+    that step — only the prefill lines' per-token costs, the step pays the fixed ones — emits its first
+    token at the step's end and drafts from the next step on. A torch profile keeps the torch engine's
+    structure (prefill, then the new request decodes in the same iteration)."""
+    torch_run = write_synthetic_run(tmp_path / "torch")
+    vllm_run = write_synthetic_run(tmp_path / "vllm", engine="vllm")
+    assert not SimEngine.from_dirs(torch_run).fused_prefill and SimEngine.from_dirs(vllm_run).fused_prefill
+    per_token = PREFILL["target"][0] + PREFILL["draft"][0]
+    fixed = PREFILL["target"][1] + PREFILL["draft"][1]
+
+    rec = _serve_two(SimEngine.from_dirs(vllm_run))
+    req, steps = rec.requests_frame().set_index("req_id"), rec.steps_frame()
+    assert req.loc[0, "first_token_s"] == pytest.approx(40 * per_token + fixed)  # alone: a prefill-only step
+    joined = steps[steps["prefill_s"] > 0]
+    assert len(joined) == 1
+    step = joined.iloc[0]
+    assert step["req_ids"] == [0] and step["admitted"] == 1
+    assert step["prefill_s"] == pytest.approx(60 * per_token)  # no fixed cost: the step already pays it
+    assert req.loc[1, "first_token_s"] == pytest.approx(step["end_s"])
+    after = steps[steps["step"] == step["step"] + 1].iloc[0]
+    assert 1 in after["req_ids"] and after["k"][after["req_ids"].index(1)] == 2
+    assert all(len(t) == 12 for t in req["token_times"])
+
+    rec = _serve_two(SimEngine.from_dirs(torch_run))
+    req, steps = rec.requests_frame().set_index("req_id"), rec.steps_frame()
+    step = steps[steps["prefill_s"] > 0].iloc[-1]
+    assert 1 in step["req_ids"]  # the torch loop: prefill, then the new request decodes in this step
+    assert step["prefill_s"] == pytest.approx(60 * per_token + fixed)
+    assert req.loc[1, "first_token_s"] < step["end_s"]
+
+
+def test_a_vllm_profiles_no_sd_replay_prefills_no_draft(tmp_path):
+    """vLLM serves no-SD with a plain engine: no draft model, so no draft prefill."""
+    run = write_synthetic_run(tmp_path, engine="vllm")
+    rec = _serve_two(SimEngine.from_dirs(run), preset="no-sd")
+    req = rec.requests_frame().set_index("req_id")
+    assert req.loc[0, "first_token_s"] == pytest.approx(40 * PREFILL["target"][0] + PREFILL["target"][1])
+    assert rec.steps_frame()["prefill_s"].max() == pytest.approx(60 * PREFILL["target"][0])
+
+
 def _trace_rows(engine, rid):
     """(flat index of position 0, length) of the trace request `rid` replays."""
     r = engine._reqs[rid]

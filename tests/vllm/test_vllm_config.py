@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from autospec.cli import app
 from autospec.engines import vllm_engine
-from autospec.engines.vllm_engine import _ClientRecord, records_from_steps, speculative_config_for
+from autospec.engines.vllm_engine import (_ClientRecord, draft_log_path, read_step_log, records_from_steps,
+                                          speculative_config_for)
 from autospec.errors import InputError
 from autospec.serving.loop import ServeRequest
 from autospec.serving.metrics import Slo, compute_metrics
@@ -85,7 +86,9 @@ def test_online_policies_become_the_online_scheduler_with_k_max_drafts(preset, t
     kwargs = engine_kwargs(T, cfg, record_steps=tmp_path / "steps.jsonl")
     assert ONLINE_KEY not in kwargs["speculative_config"]  # vLLM would refuse it
     assert kwargs["scheduler_cls"] == ONLINE_SCHEDULER_CLS and kwargs["async_scheduling"] is False
-    assert kwargs["additional_config"] == {ONLINE_KEY: online, "autospec_step_log": str(tmp_path / "steps.jsonl")}
+    assert kwargs["additional_config"] == {ONLINE_KEY: online, "autospec_step_log": str(tmp_path / "steps.jsonl"),
+                                           "autospec_draft_log": str(tmp_path / "steps.draft.jsonl")}
+    assert kwargs["worker_extension_cls"] == "autospec.engines.vllm_scheduler.DraftTimer"  # times the drafts
 
 
 def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
@@ -229,6 +232,29 @@ def test_records_from_a_step_log_match_the_serving_loop_format():
     metrics = compute_metrics(requests, stepf, Slo(ttft_s=1, tpot_s=1))
     assert metrics["output_tokens"] == 9 and metrics["acceptance_rate"] == pytest.approx(4 / 9)
     json.dumps(metrics)
+
+
+def test_each_step_gets_the_draft_time_vllms_worker_logged_within_it(tmp_path):
+    """The worker's draft timer logs calls ({"t": start, "d": seconds}) to a second file; each step
+    sums the calls that started within it, and its records split into draft_s and verify_s."""
+    log = tmp_path / "steps.jsonl"
+    steps = [{"t0": 10.0, "t1": 10.1, "ids": ["1"], "n": [8], "k": [0], "c": [1], "first": [True]},
+             {"t0": 10.1, "t1": 10.15, "ids": ["1"], "n": [3], "k": [2], "c": [3], "first": [False]},
+             {"t0": 10.15, "t1": 10.2, "ids": ["1"], "n": [3], "k": [2], "c": [1], "first": [False]}]
+    log.write_text("".join(json.dumps(s) + "\n" for s in [{"t0": 9.0, "t1": 9.5, "ids": []}] + steps))
+    calls = [(9.2, 0.5), (10.06, 0.03), (10.12, 0.02), (10.17, 0.01), (10.18, 0.005)]
+    draft_log_path(log).write_text("".join(json.dumps({"t": t, "d": d, "p": [d / 2, d / 4]}) + "\n"
+                                           for t, d in calls))
+    read = read_step_log(log, since=10.0)
+    assert [r["d"] for r in read] == pytest.approx([0.03, 0.02, 0.015])  # the 9.2 call is before `since`
+    assert read[2]["p"] == pytest.approx([0.005, 0.0025, 0.0025, 0.00125])  # each forward pass, in order
+    rec = records_from_steps("static-k2", [ServeRequest(1, 0.0, [5] * 8, 5)], read, 10.0,
+                             {1: _ClientRecord(0.0, 5)}, wall_s=0.2)
+    stepf = rec.steps_frame()
+    assert stepf["draft_s"].tolist() == pytest.approx([0.02, 0.015])
+    assert stepf["verify_s"].tolist() == pytest.approx([0.03, 0.035])
+    draft_log_path(log).unlink()  # no draft timer (no-SD): no draft time, NaN columns
+    assert [r["d"] for r in read_step_log(log, since=10.0)] == [None] * 3
 
 
 def test_the_batch_schedule_policy_replays_as_vllms_per_batch_size_schedule():

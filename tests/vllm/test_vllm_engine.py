@@ -152,6 +152,10 @@ def test_evaluate_replays_a_trace_through_vllm(tmp_path):
     assert len(set(online)) >= 2 and max(online) <= 4
     assert 0 < summary["strategies"]["gp-lcb"]["acceptance_rate"]["mean"] <= 1
     assert (steps["end_s"] > steps["start_s"]).all()
+    drafting = steps[steps["strategy"] != "no-sd"]  # the draft time vLLM's worker measured, and the rest
+    assert (drafting["draft_s"] > 0).all() and (drafting["verify_s"] > 0).all()
+    assert ((drafting["draft_s"] + drafting["verify_s"]) - (drafting["end_s"] - drafting["start_s"])).abs().max() < 1e-9
+    assert steps[steps["strategy"] == "no-sd"]["draft_s"].isna().all()
 
 
 def test_evaluate_refuses_a_strategy_vllm_cannot_express(tmp_path):
@@ -177,8 +181,13 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     assert list(lat.columns) == LATENCY_COLUMNS
     target = lat[(lat["model"] == "target") & (lat["phase"] == "decode")]
     assert sorted(zip(target["batch"], target["tokens"])) == [(b, t) for b in (1, 2) for t in (1, 2, 3)]
-    assert len(lat[(lat["model"] == "draft") & (lat["phase"] == "decode")]) == 2
+    draft = lat[(lat["model"] == "draft") & (lat["phase"] == "decode")]
+    assert len(draft) == 2
+    assert (draft["median_s"] > 1e-5).all()  # timed inside vLLM's worker, not clipped differences
+    assert (draft["median_s"] < target[target["tokens"] == 1]["median_s"].max()).all()  # the smaller model
     assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
+    prefill = lat[lat["phase"] == "prefill"].set_index("model")["median_s"]
+    assert 1e-5 < prefill["draft"] < prefill["target"]  # the draft's first forward pass, timed in vLLM
     assert (lat["median_s"] > 0).all() and np.isfinite(lat["median_s"]).all()
     assert (lat["repeats"] == 3).all()
     plain = lat[lat["phase"] == "decode_plain"]

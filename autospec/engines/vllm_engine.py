@@ -520,7 +520,7 @@ class VllmReplayer:
             # the first repeat, 40 ms in the second). The torch engine and the simulator keep no prefix
             # cache either, so all three engines replay the same work.
             kwargs = engine_kwargs(self.target, cfg, max_num_seqs=self.max_batch, seed=self.seed,
-                                   record_steps=log_path, max_model_len=max(longest + 16, 256),
+                                   record_steps=log_path, max_model_len=served_max_model_len(self.target, longest),
                                    enable_prefix_caching=False)
             # The engine's output handler lives on this loop: shut the engine down before closing it.
             loop = asyncio.new_event_loop()
@@ -585,6 +585,21 @@ class VllmReplayer:
         return dict(await asyncio.gather(*(one(r) for r in requests)))
 
 
+def served_max_model_len(model_dir: Path, needed: int) -> int:
+    """The max_model_len autospec runs vLLM with: the model's own context length (config.json's
+    max_position_embeddings, what `vllm serve` uses by default; DEFAULT_MAX_MODEL_LEN when the config
+    has none), or `needed` when that is longer (vLLM then refuses the model with its own message).
+    [chosen] The same in the profile and in every replay, because vLLM's CPU step time depends on it
+    (measured: a batch-8 decode step at context 256 took 13-19% less with max_model_len 336 than with
+    572 or 2048), so a profile taken at one length would mis-price a replay at another."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = {}
+    own = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return max(int(own) if isinstance(own, int) and own > 0 else DEFAULT_MAX_MODEL_LEN, int(needed))
+
+
 def config_vocab_size(model_dir: Path) -> int:
     """vocab_size from a Hugging Face config.json (synthetic prompt ids without loading the model)."""
     path = Path(model_dir) / "config.json"
@@ -643,7 +658,7 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
 
         def engine(cfg: dict | None) -> Any:
             kwargs = engine_kwargs(target, cfg, max_num_seqs=max(settings.batches), record_steps=log,
-                                   max_model_len=longest, enable_prefix_caching=False,
+                                   max_model_len=served_max_model_len(target, longest), enable_prefix_caching=False,
                                    max_num_batched_tokens=max(4096, max(settings.batches) * longest))
             if cfg:
                 kwargs["additional_config"]["autospec_fixed_k_file"] = str(k_file)

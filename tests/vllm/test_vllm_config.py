@@ -257,6 +257,18 @@ def test_each_step_gets_the_draft_time_vllms_worker_logged_within_it(tmp_path):
     assert [r["d"] for r in read_step_log(log, since=10.0)] == [None] * 3
 
 
+def test_profile_and_replays_run_vllm_at_the_models_own_context_length(tmp_path):
+    """One max_model_len for the profile and every replay (vLLM's CPU step time depends on it): the
+    model's max_position_embeddings, or longer when the workload needs it."""
+    from autospec.engines.vllm_engine import DEFAULT_MAX_MODEL_LEN, served_max_model_len
+
+    assert served_max_model_len(REPO / "autospec" / "models" / "bundled" / "target", 300) == 2048
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
+    assert served_max_model_len(tmp_path, 300) == 4096
+    assert served_max_model_len(tmp_path, 5000) == 5000
+    assert served_max_model_len(tmp_path / "absent", 10) == DEFAULT_MAX_MODEL_LEN
+
+
 def test_the_batch_schedule_policy_replays_as_vllms_per_batch_size_schedule():
     from autospec.engines.vllm_engine import VllmReplayer
     from autospec.strategy import spec_from_dict

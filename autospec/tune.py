@@ -255,16 +255,20 @@ def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec]):
     url = spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}"
     if spec.storage is None:
         (out_dir / "tune").mkdir(parents=True, exist_ok=True)
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(5):
         try:
             storage = RDBStorage(url, heartbeat_interval=10, grace_period=30,
                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
             break
-        except IntegrityError:
+        except (IntegrityError, ProgrammingError) as exc:
             # Workers started together on a fresh database race to create Optuna's tables; the loser
-            # finds them created a moment later.
+            # finds them created a moment later. PostgreSQL reports the race as a unique violation
+            # (IntegrityError) or as "relation ... already exists" (ProgrammingError, seen in CI).
+            if isinstance(exc, ProgrammingError) and "already exists" not in str(exc):
+                raise InputError(f"cannot open the Optuna storage: {' '.join(str(exc).split())[:300]}",
+                                 field="storage") from None
             time.sleep(0.5 * (attempt + 1))
         except Exception as exc:  # bad URL, missing driver, unreachable server: SQLAlchemy's many errors
             text = " ".join(str(exc).split())[:300] or type(exc).__name__

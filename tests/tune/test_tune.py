@@ -236,3 +236,36 @@ def test_bad_input_is_one_line_and_exit_2(setup, tmp_path, case):
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in res.stderr
     assert not (out / "tune" / "summary.json").exists() and not (out / "deploy").exists()
+
+
+def test_opening_a_fresh_shared_storage_retries_the_table_creation_race(tmp_path, monkeypatch):
+    """Workers started together on an empty database race to create Optuna's tables; PostgreSQL
+    reports the loser's CREATE TABLE as "already exists" (a ProgrammingError). The loser retries and
+    opens the tables the winner made; any other ProgrammingError is a one-line InputError."""
+    from sqlalchemy.exc import ProgrammingError
+
+    import autospec.tune as tune_module
+    from autospec.errors import InputError
+
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    class Racing(real):  # a subclass: Optuna checks isinstance(storage, RDBStorage)
+        def __init__(self, url, **kwargs):
+            calls.append(url)
+            if len(calls) == 1:
+                raise ProgrammingError("CREATE TABLE studies", {}, Exception('relation "studies" already exists'))
+            super().__init__(url, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
+    monkeypatch.setattr(tune_module.time, "sleep", lambda s: None)
+    spec = tune_module.TuneSpec(workload=tmp_path / "w.toml", profile=tmp_path, study_name="race")
+    study = tune_module.open_study(spec, tmp_path, {})
+    assert len(calls) == 2 and study.study_name == "race"
+
+    def broken(url, **kwargs):
+        raise ProgrammingError("SELECT", {}, Exception("permission denied for table studies"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(InputError, match="cannot open the Optuna storage: .*permission denied"):
+        tune_module.open_study(spec, tmp_path / "other", {})

@@ -2,7 +2,7 @@
 
 Every artifact autospec writes carries `schema_version`; readers refuse versions they do not know.
 Files are written to a temporary name and renamed, so a crash or a bad input never leaves a
-half-written artifact behind.
+half-written artifact behind; they get the permissions any file the user writes gets (0666 & ~umask).
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def engine_versions() -> dict[str, str | None]:
 
 
 def build_manifest(config: dict[str, Any], *, seed: int, models: dict[str, Path | None],
-                   inputs: Iterable[Path] = (), command: str = "") -> dict[str, Any]:
+                   inputs: Iterable[Path] = (), command: str = "",
+                   prompt_set: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`prompt_set`: `workloads.prompts.prompt_set_digest` of the prompts the run read, when it read any."""
     return {
         "schema_version": SCHEMA_VERSION,
         "autospec_version": __version__,
@@ -86,11 +88,24 @@ def build_manifest(config: dict[str, Any], *, seed: int, models: dict[str, Path 
         "command": command or " ".join(sys.argv),
         "config": config,
         "seed": seed,
-        "models": {name: {"path": str(p) if p else None, "sha256": hash_model_dir(p)} for name, p in models.items()},
+        "models": {name: _model_entry(p) for name, p in models.items()},
         "inputs": {str(p): sha256_file(Path(p)) for p in inputs if Path(p).is_file()},
+        **({"prompt_set": prompt_set} if prompt_set is not None else {}),
         "hardware": hardware_info(),
         "versions": engine_versions(),
     }
+
+
+def _model_entry(path: Path | None) -> dict[str, Any]:
+    """Where a model was read from and its files' hashes; a model resolved from a Hugging Face id
+    (autospec.hub) also names the id and the snapshot's commit."""
+    from autospec.hub import hub_source
+
+    entry: dict[str, Any] = {"path": str(path) if path else None, "sha256": hash_model_dir(path)}
+    source = hub_source(path)
+    if source is not None:
+        entry.update(source)
+    return entry
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -103,12 +118,49 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write(path, text.encode())
 
 
+def _umask_from_proc() -> int | None:
+    """The process umask as Linux reports it (/proc/self/status, kernel >= 4.7): read-only, so safe
+    beside other threads; None where it is not available."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _umask_by_setting() -> int:
+    # os.umask can only be read by setting it; the brief 0o077 window is process-wide, so this runs once,
+    # at import, before autospec starts any thread of its own
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+# [chosen] Read the umask on every write where /proc says it without side effects (a user who changes
+# it mid-process is honoured); elsewhere use the value taken once at import (see _umask_by_setting).
+_IMPORT_UMASK = _umask_from_proc()
+if _IMPORT_UMASK is None:
+    _IMPORT_UMASK = _umask_by_setting()
+
+
+def current_umask() -> int:
+    mask = _umask_from_proc()
+    return _IMPORT_UMASK if mask is None else mask
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and rename. Every artifact writer (JSON, text,
+    parquet) goes through here. mkstemp creates its file 0600; the artifact gets 0666 & ~umask like any
+    file the user writes, so a group- or world-readable run directory stays readable."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -38,8 +38,11 @@ def fail_cleanly(fn):
     return wrapper
 
 
-def _prompts(paths: list[Path], per_set: int | None):
-    from autospec.workloads.prompts import bundled_prompt_sets, load_prompts
+def _prompts(paths: list[Path], per_set: int | None, dataset=None, *, seed: int = 0, vocab: dict | None = None):
+    if dataset is not None:  # a named dataset (--dataset): `per_set` is its prompt count
+        return dataset.load(limit=per_set, seed=seed, **(vocab or {}))
+    from autospec.workloads.default_prompts import bundled_prompt_sets
+    from autospec.workloads.prompts import load_prompts
 
     if paths:
         prompts = []
@@ -50,19 +53,42 @@ def _prompts(paths: list[Path], per_set: int | None):
     return [p for domain in sorted(sets) for p in sets[domain]]
 
 
-def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
-    """Shared by `generate` and `run`: SD generation with a printed summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+_DATASET_HELP = ("stdlib, random, humaneval, mbpp, gsm8k, mt-bench, spec-bench, sharegpt, jsonl "
+                 "(see README: Datasets)")
 
+
+def _check_dataset_flags(dataset: str | None, dataset_path: Path | None, prompts: list[Path] | None,
+                         input_len: int, range_ratio: float) -> None:
+    """--dataset/--dataset-path/--random-* problems as one line each, before anything is loaded."""
+    if dataset is None:
+        if dataset_path is not None:
+            raise InputError("--dataset-path needs --dataset NAME", field="dataset-path")
+        return
+    from autospec.workloads.datasets import dataset_info
+
+    dataset_info(dataset)  # unknown name: one line listing the known ones
+    if prompts:
+        raise InputError("give --dataset or --prompts, not both", field="dataset")
+    if input_len < 1:
+        raise InputError(f"--random-input-len must be >= 1, got {input_len}", field="random-input-len")
+    if not 0 <= range_ratio < 1:
+        raise InputError(f"--random-range-ratio must be in [0, 1), got {range_ratio}", field="random-range-ratio")
+
+
+def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
+    """Shared by `generate` and `run`: SD generation with a printed summary (spec.pair already resolved)."""
     from autospec.artifacts import build_manifest, write_json, write_text
     from autospec.config import dump_run_spec
     from autospec.generate import (build_engine, encode_prompts, load_tokenizer, needs_latency_model,
-                                   quick_latency_model, run_generate, strategy_spec)
+                                   quick_latency_model, random_vocab, run_generate, strategy_spec)
     from autospec.strategy import build_strategy
+    from autospec.workloads.prompts import prompt_set_digest
 
     g = spec.generate
     strat_spec = strategy_spec(g.strategy, g.k)
-    prompts = _prompts(g.prompts, g.prompts_per_set)
+    dataset = g.dataset_selection()
+    vocab = random_vocab(load_tokenizer(spec.pair.target)) if dataset is not None and dataset.needs_vocab else None
+    prompts = _prompts(g.prompts, g.prompts_per_set, dataset, seed=spec.engine.seed, vocab=vocab)
     engine = build_engine(spec.pair, spec.engine, g.temperature)
     tokenizer = load_tokenizer(spec.pair.target)
     prompt_ids = encode_prompts(tokenizer, prompts)
@@ -72,14 +98,14 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
     if g.compare_to_no_sd and strat_spec.length.policy != "none":
         runs.insert(0, strategy_spec(None, 0))
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json or not err.is_terminal) as progress:
+    from autospec.progress import reporter
+
+    with reporter("generate", err, plain=False) as progress:  # bars on a terminal; short elsewhere
         for s in runs:
-            task = progress.add_task(f"{s.name}", total=len(prompt_ids))
             results.append(run_generate(engine, prompt_ids, build_strategy(s), max_tokens=g.max_tokens,
                                         batch_size=g.batch_size, ignore_eos=g.ignore_eos,
                                         latency_model=latency_model, decode=decode,
-                                        on_batch_done=lambda n, t=task: progress.advance(t, n)))
+                                        on_batch_done=progress.track(s.name, len(prompt_ids))))
     main = results[-1]
     summary = main.summary()
     if len(results) == 2:
@@ -95,7 +121,9 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
                    {"prompts": [p.source_id for p in prompts], "texts": main.texts, "token_ids": main.token_ids})
         write_json(out_dir / "manifest.json", build_manifest(
             spec.model_dump(mode="json"), seed=spec.engine.seed,
-            models={"target": spec.pair.target, "draft": spec.pair.draft}, inputs=g.prompts))
+            models={"target": spec.pair.target, "draft": spec.pair.draft},
+            inputs=[*g.prompts, *([g.dataset_path] if g.dataset_path is not None else [])],
+            prompt_set=prompt_set_digest(prompts)))
     if as_json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
@@ -121,10 +149,20 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature"),
     max_tokens: int = typer.Option(64, "--max-tokens"),
     batch_size: int = typer.Option(8, "--batch-size"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="prompts per file"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="a named dataset instead of --prompts: "
+                                          + _DATASET_HELP),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="the --dataset's file"),
+    random_input_len: int = typer.Option(128, "--random-input-len", help="--dataset random: tokens per prompt"),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio", help="--dataset random: lengths "
+                                             "uniform in [L(1-r), L(1+r)]"),
+    allow_download: bool = typer.Option(False, "--allow-download", help="fetch from the Hugging Face Hub what "
+                                        "is not local: a --target/--draft model id, a --dataset without a file "
+                                        "(default: local directories and the HF cache only)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="prompts per file (--dataset: prompts)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos"),
-    target: Optional[Path] = typer.Option(None, "--target", help="target model directory (HF format)"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (HF format)"),
+    target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
+                                          "a Hugging Face id org/name or org/name@revision"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
     compare: bool = typer.Option(False, "--compare", help="also run K=0 and report the speed-up"),
@@ -143,8 +181,9 @@ def generate(
             raise InputError(f"{name} must be >= {low}, got {value}", field=name)
     if temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {temperature}", field="temperature")
+    _check_dataset_flags(dataset, dataset_path, prompts, random_input_len, random_range_ratio)
     try:
-        pair = PairSpec()
+        pair = PairSpec(allow_download=allow_download)
         if target is not None:
             pair.target = target
             pair.draft = draft
@@ -153,12 +192,16 @@ def generate(
         spec = RunSpec(pair=pair, engine=EngineSpec(device=device, seed=seed),
                        generate=GenerateSpec(prompts=prompts or [], prompts_per_set=limit, strategy=strategy, k=k,
                                              temperature=temperature, max_tokens=max_tokens, batch_size=batch_size,
-                                             ignore_eos=ignore_eos, compare_to_no_sd=compare))
+                                             ignore_eos=ignore_eos, compare_to_no_sd=compare, dataset=dataset,
+                                             dataset_path=dataset_path, random_input_len=random_input_len,
+                                             random_range_ratio=random_range_ratio,
+                                             allow_download=allow_download))
     except ValidationError as exc:
         e = exc.errors()[0]
         raise InputError(e["msg"], field=".".join(map(str, e["loc"]))) from None
     if spec.pair.draft is None and (k or 0) > 0:
         raise InputError("SD needs a draft model: pass --draft", field="draft")
+    spec.pair = spec.pair.resolved()  # hub ids → directories, before any work
     _generate(spec, as_json, out_dir)
 
 
@@ -167,36 +210,68 @@ def generate(
 def run(
     config: Optional[Path] = typer.Argument(None, help="run config TOML (default: the embedded default)"),
     out_dir: Path = typer.Option(Path("runs/default"), "--out", help="run directory"),
+    allow_download: bool = typer.Option(False, "--allow-download", help="fetch what is not local from the "
+                                        "Hugging Face Hub (the config's model ids, its generate dataset); same "
+                                        "as allow_download = true in the pair and generate tables"),
+    time_budget: Optional[str] = typer.Option(None, "--time-budget", help="cap on the tune stage's search "
+                                              "(seconds, or 90s, 20m, 1h; tune.time_budget in a config): it "
+                                              "starts no trial after that. The other stages are bounded already: "
+                                              "a fixed profile grid, the workload's requests × strategies × "
+                                              "repeats"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The main job: profile → fit → tune → evaluate → report (a config's `stages` choose; a config with
     only [generate] runs SD generation). Default: the bundled pair on the bundled bursty workload."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from autospec.artifacts import build_manifest, write_json, write_text
     from autospec.config import RunSpec, dump_run_spec, load_run_spec
     from autospec.pipeline import run_pipeline
+    from autospec.progress import parse_duration, reporter
 
+    budget = None if time_budget is None else parse_duration(time_budget, option="--time-budget")
     spec = load_run_spec(config) if config is not None else RunSpec()
+    if budget is not None:
+        spec.tune.time_budget = budget  # recorded in config.toml and the manifest
+    if allow_download:
+        spec.pair.allow_download = True
+        spec.generate.allow_download = True
+    # hub ids → directories once, before any work, for the stages that load the models
+    if {"generate", "profile", "tune", "evaluate"} & set(spec.stages) and not (
+            spec.profile.reuse is not None and set(spec.stages) <= {"profile", "fit", "report"}):
+        spec.pair = spec.pair.resolved()
     if "generate" in spec.stages:
         _generate(spec, as_json, out_dir)
     if not [s for s in spec.stages if s != "generate"]:
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json or not err.is_terminal) as bar:
-        def task(name: str, total: int):
-            tid = bar.add_task(name, total=total)
-            return lambda n=1: bar.advance(tid, n if isinstance(n, int) else 1)
-
-        result = run_pipeline(spec, out_dir, progress=task, say=lambda m: err.print(m, highlight=False, markup=False))
+    with reporter("run", err) as progress:
+        result = run_pipeline(spec, out_dir, progress=progress.track,
+                              say=lambda m: err.print(m, highlight=False, markup=False))
     write_text(out_dir / "config.toml", dump_run_spec(spec))
     write_json(out_dir / "manifest.json", build_manifest(
         {"command": "run", **spec.model_dump(mode="json")}, seed=spec.engine.seed,
-        models={"target": spec.pair.target, "draft": spec.pair.draft}, inputs=[spec.workload]))
+        models={"target": spec.pair.target, "draft": spec.pair.draft}, inputs=[spec.workload],
+        prompt_set=_profiled_prompt_set(out_dir)))
     if as_json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
         return
     _print_run(result, out_dir)
+
+
+def _profiled_prompt_set(run_dir: Path) -> dict | None:
+    """The digest of the prompts behind the run's acceptance traces (profile/profile.json), if recorded."""
+    path = run_dir / "profile" / "profile.json"
+    return json.loads(path.read_text()).get("prompt_set") if path.is_file() else None
+
+
+def _budget_line(run: dict) -> str:
+    """How tune's --time-budget went: trials run within it, and whether it cut the search short."""
+    from autospec.progress import format_duration
+
+    head = (f"time budget {format_duration(run['time_budget_s'])}: {run['trials_run']} trial"
+            f"{'' if run['trials_run'] == 1 else 's'} ran within it")
+    if run["budget_spent"]:
+        return (f"{head}, then it was spent ({run['trials_total']} of the {run['trials_asked']} asked in the "
+                "study; the same command continues it)")
+    return f"{head}, before it was spent ({run['trials_total']}/{run['trials_asked']} trials in the study)"
 
 
 def _print_run(result: dict, out_dir: Path) -> None:
@@ -224,6 +299,8 @@ def _print_run(result: dict, out_dir: Path) -> None:
         out.print(f"tuned: {tune['best']['name']} (trial {tune['best']['number']}); deploy files in {dep['dir']}: "
                   + ", ".join(dep["files"]) + (" — vLLM can run it" if dep["vllm_supported"]
                                                else " — vLLM cannot express it (see the file's notes)"))
+        if (tune.get("run") or {}).get("time_budget_s") is not None:
+            out.print(_budget_line(tune["run"]), soft_wrap=True)
     if "report" in result:
         out.print(f"report: {result['report']}")
     out.print(f"run directory: {out_dir}")
@@ -237,8 +314,18 @@ def profile(
     k_max: int = typer.Option(8, "--k-max", help="longest draft chain recorded / verified"),
     prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s); default: the bundled "
                                                  "code/chat/math sets"),
-    target: Optional[Path] = typer.Option(None, "--target", help="target model directory (HF format)"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (HF format)"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="a named dataset instead of --prompts: "
+                                          + _DATASET_HELP),
+    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="the --dataset's file"),
+    random_input_len: int = typer.Option(128, "--random-input-len", help="--dataset random: tokens per prompt"),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio", help="--dataset random: lengths "
+                                             "uniform in [L(1-r), L(1+r)]"),
+    allow_download: bool = typer.Option(False, "--allow-download", help="fetch from the Hugging Face Hub what "
+                                        "is not local: a --target/--draft model id, a --dataset without a file "
+                                        "(default: local directories and the HF cache only)"),
+    target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
+                                          "a Hugging Face id org/name or org/name@revision"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
@@ -260,10 +347,9 @@ def profile(
                                     "(acceptance traces come from the torch engine either way)"),
 ) -> None:
     """Measure draft/target step latency and record acceptance traces."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from autospec.config import PairSpec
     from autospec.profile import ProfileSettings, profile_pair
+    from autospec.progress import reporter
 
     if not 1 <= k_max <= 32:
         raise InputError(f"--k-max must be in 1..32, got {k_max}", field="k-max")
@@ -277,20 +363,23 @@ def profile(
         raise InputError("pass both --target and --draft (profiling needs a pair)", field="target")
     if engine_kind not in ("torch", "vllm"):
         raise InputError(f"unknown engine {engine_kind!r}; use torch or vllm", field="engine")
-    pair = PairSpec() if target is None else PairSpec(target=target, draft=draft)
+    _check_dataset_flags(dataset, dataset_path, prompts, random_input_len, random_range_ratio)
+    selection = None
+    if dataset is not None:
+        from autospec.workloads.datasets import DatasetSelection
+
+        selection = DatasetSelection(dataset, dataset_path, input_len=random_input_len,
+                                     range_ratio=random_range_ratio, allow_download=allow_download)
+    pair = PairSpec() if target is None else PairSpec(target=target, draft=draft, allow_download=allow_download)
+    pair = pair.resolved()  # hub ids → directories, before any work
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
     overrides = {"prompts_per_domain": prompts_per_domain, "trace_tokens": trace_tokens,
                  "max_prompt_tokens": max_prompt_tokens, "repeats": repeats}
     settings = settings.model_copy(update={"seed": seed, "sm_splits": splits,
                                            **{k: v for k, v in overrides.items() if v is not None}})
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=not err.is_terminal) as bar:
-        def task(name: str, total: int):
-            tid = bar.add_task(name, total=total)
-            return lambda n: bar.advance(tid, n)
-
-        result = profile_pair(out_dir, pair, settings, prompt_files=prompts or [], device=device,
-                              engine_kind=engine_kind, progress=task)
+    with reporter("profile", err) as progress:
+        result = profile_pair(out_dir, pair, settings, prompt_files=prompts or [], dataset=selection,
+                              device=device, engine_kind=engine_kind, progress=progress.track)
     table = Table(title="autospec profile")
     table.add_column("item")
     table.add_column("value", justify="right")
@@ -355,15 +444,17 @@ def evaluate(
     kv_budget: Optional[int] = typer.Option(None, "--kv-budget", help="KV tokens the running requests may hold"),
     temperature: float = typer.Option(0.0, "--temperature"),
     k_max: int = typer.Option(8, "--k-max"),
-    target: Optional[Path] = typer.Option(None, "--target", help="target model directory (torch engine)"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model directory (torch engine)"),
+    target: Optional[Path] = typer.Option(None, "--target", help="target model (torch/vllm engine): a directory "
+                                          "or a Hugging Face id org/name or org/name@revision"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
+    allow_download: bool = typer.Option(False, "--allow-download", help="fetch a --target/--draft id missing "
+                                        "from the local Hugging Face cache"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from autospec.progress import reporter
     from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, HEADLINE, run_evaluate, spec_from_flags
 
     names = [s.strip() for s in strategies.split(",") if s.strip()]
@@ -379,15 +470,13 @@ def evaluate(
     if target is not None or draft is not None:
         from autospec.config import PairSpec
 
-        flags["pair"] = PairSpec(**{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
+        pair = PairSpec(allow_download=allow_download,
+                        **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
+        flags["pair"] = pair.resolved()  # hub ids → directories, before any work
     spec = spec_from_flags(**flags)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json or not err.is_terminal) as progress:
-        def track(label: str, total: int):
-            task = progress.add_task(label, total=total)
-            return lambda _rid: progress.advance(task)
-
-        result = run_evaluate(spec, out_dir, progress=track)
+    # plain progress lines off a terminal for the real engines; a simulated replay takes seconds
+    with reporter("evaluate", err, plain=engine != "sim") as progress:
+        result = run_evaluate(spec, out_dir, progress=progress.track)
     summary = result.summary
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
@@ -493,13 +582,15 @@ def tune(
     max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
     k_max: Optional[int] = typer.Option(None, "--k-max", help="default: the profile's K_max"),
     no_prune: bool = typer.Option(False, "--no-prune", help="run every trial to the end"),
+    time_budget: Optional[str] = typer.Option(None, "--time-budget", help="start no trial after this much "
+                                              "search time (seconds, or 90s, 20m, 1h); the summary says how many "
+                                              "ran, and the same command continues the study"),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
 ) -> None:
     """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
+    from autospec.progress import parse_duration, reporter
     from autospec.tune import run_tune, spec_from_flags
 
     if objective not in ("goodput", "multi"):
@@ -512,13 +603,22 @@ def tune(
                            slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
                                 "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
                            strategies=names, confirm_top=confirm_top, max_batch=max_batch, k_max=k_max,
-                           prune=not no_prune, seed=seed)
+                           prune=not no_prune, seed=seed,
+                           time_budget_s=None if time_budget is None else parse_duration(time_budget))
     if not workload.is_file():
         raise InputError("no such workload file", path=workload)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json or not err.is_terminal) as progress:
-        task = progress.add_task("trials", total=trials)
-        summary = run_tune(spec, out_dir, progress=lambda done, total: progress.update(task, completed=done))
+    with reporter("tune", err) as progress:
+        task = progress.task(total=trials, unit="trials", budget_s=spec.time_budget_s)
+        first = [True]
+
+        def report(done: int, total: int) -> None:
+            if first[0]:  # run_tune's first report is the study's count before this run (a resumed study)
+                first[0] = False
+                task.start_at(done)
+            else:
+                task.update(done, total)
+
+        summary = run_tune(spec, out_dir, progress=report)
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
         return
@@ -536,6 +636,8 @@ def tune(
     deploy = summary["deploy"]
     out.print(f"tune/: {out_dir / 'tune'} · deploy/: {deploy['dir']} (vLLM: "
               f"{'supported' if deploy['vllm_supported'] else 'not expressible'})")
+    if spec.time_budget_s is not None:
+        out.print(_budget_line(summary["run"]), soft_wrap=True)
 
 
 @app.command()

@@ -9,11 +9,13 @@ bundled prompt domains). Unknown keys are errors, so a typo never silently falls
 from __future__ import annotations
 
 import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from autospec.errors import InputError
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
@@ -26,13 +28,27 @@ class _Model(BaseModel):
 
 
 class PairSpec(_Model):
-    """The draft/target pair: Hugging Face model directories (default: the bundled pair)."""
+    """The draft/target pair (default: the bundled pair): each a Hugging Face model directory or a hub
+    id `org/name[@revision]`, which `resolved()` turns into a directory (autospec.hub) before any work."""
 
     target: Path = BUNDLED_TARGET
     draft: Path | None = BUNDLED_DRAFT  # None = no draft model (plain decoding only)
+    allow_download: bool = False  # a hub id missing from the local cache may be downloaded
+    # the names the user gave hub models, by role (set by resolved(); config.toml writes them back)
+    _hub_names: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def is_bundled(self) -> bool:
         return self.target == BUNDLED_TARGET and self.draft == BUNDLED_DRAFT
+
+    def resolved(self) -> "PairSpec":
+        """This pair with local directories for hub ids (one InputError line for a model not found)."""
+        from autospec.hub import resolve_pair
+
+        return resolve_pair(self)
+
+    @property
+    def hub_names(self) -> dict[str, str]:
+        return dict(self._hub_names)
 
 
 class EngineSpec(_Model):
@@ -49,6 +65,12 @@ class GenerateSpec(_Model):
 
     prompts: list[Path] = Field(default_factory=list)  # empty = the bundled domain sets
     prompts_per_set: int | None = Field(None, ge=1)
+    # A named dataset (autospec.workloads.datasets) instead of `prompts`; its file, if it reads one.
+    dataset: str | None = None
+    dataset_path: Path | None = None
+    random_input_len: int = Field(128, ge=1)  # dataset "random": prompt length in tokens ...
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)  # ... drawn from [L(1-r), L(1+r)]
+    allow_download: bool = False  # a dataset missing locally may be fetched from the Hugging Face Hub
     strategy: str = "static-k4"
     k: int | None = Field(None, ge=0)  # shorthand: static K (0 = no SD); overrides `strategy`
     temperature: float = Field(0.0, ge=0.0)
@@ -57,14 +79,31 @@ class GenerateSpec(_Model):
     ignore_eos: bool = False
     compare_to_no_sd: bool = False  # also run K=0 and report the speed-up
 
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> "GenerateSpec":
+        if self.dataset is not None and self.prompts:
+            raise ValueError("give either prompts or dataset, not both")
+        if self.dataset_path is not None and self.dataset is None:
+            raise ValueError("dataset_path needs a dataset name")
+        return self
+
+    def dataset_selection(self):
+        """The named dataset as `autospec.workloads.datasets` takes it; None when prompts are files."""
+        if self.dataset is None:
+            return None
+        from autospec.workloads.datasets import DatasetSelection
+
+        return DatasetSelection(self.dataset, self.dataset_path, input_len=self.random_input_len,
+                                range_ratio=self.random_range_ratio, allow_download=self.allow_download)
+
 
 def bundled_workload(name: str) -> Path:
-    """A bundled workload spec (workloads/<name>.toml; autospec/workload_specs is a link to it)."""
-    here = Path(__file__).resolve().parent
-    for folder in (here / "workload_specs", here.parent / "workloads"):
-        if (folder / f"{name}.toml").is_file():
-            return folder / f"{name}.toml"
-    return here / "workload_specs" / f"{name}.toml"
+    """A bundled workload spec by name: autospec/workload_specs/<name>.toml in an installed wheel
+    (pyproject.toml maps the repo's top-level workloads/ there), else workloads/<name>.toml itself
+    (editable install, checkout; see strategy.presets_dir for why it is not imported as a package)."""
+    installed = resources.files("autospec") / "workload_specs"
+    folder = Path(str(installed)) if installed.is_dir() else Path(__file__).resolve().parents[1] / "workloads"
+    return folder / f"{name}.toml"
 
 
 STAGES = ("generate", "profile", "fit", "tune", "evaluate", "report")
@@ -91,6 +130,20 @@ class TuneStage(_Model):
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)
     strategies: list[str] | None = None  # None = tune's default candidates
     storage: str | None = None
+    # stop starting trials after this many seconds of search; TOML may say 1200 or "20m" (None = no limit)
+    time_budget: float | None = None
+
+    @field_validator("time_budget", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        from autospec.progress import parse_duration
+
+        if value is None:
+            return None
+        try:
+            return parse_duration(value, option="tune.time_budget")
+        except InputError as exc:
+            raise ValueError(exc.problem) from None
 
 
 class EvaluateStage(_Model):
@@ -152,9 +205,11 @@ def load_run_spec(path: str | Path) -> RunSpec:
                          f"{SCHEMA_VERSION})", path=path, field="schema_version")
     base = path.resolve().parent
     pair = spec.pair
-    spec.pair = PairSpec(target=_resolve(base, pair.target),
-                         draft=None if pair.draft is None else _resolve(base, pair.draft))
+    spec.pair = pair.model_copy(update={"target": _model_path(base, pair.target),
+                                        "draft": None if pair.draft is None else _model_path(base, pair.draft)})
     spec.generate.prompts = [_resolve(base, p) for p in spec.generate.prompts]
+    if spec.generate.dataset_path is not None:
+        spec.generate.dataset_path = _resolve(base, spec.generate.dataset_path)
     if "workload" in data:
         spec.workload = _resolve(base, spec.workload)
     if spec.profile.reuse is not None:
@@ -166,6 +221,16 @@ def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else (base / p)
 
 
+def _model_path(base: Path, p: Path) -> Path:
+    """A model next to the config file when it is there; else a hub id stays an id (`org/name`)."""
+    from autospec.hub import looks_like_hub_id
+
+    near = _resolve(base, p)
+    return p if not near.exists() and not p.is_absolute() and looks_like_hub_id(p) else near
+
+
 def dump_run_spec(spec: RunSpec) -> str:
     data = spec.model_dump(mode="json", exclude_none=True)
+    # [chosen] hub models under the name the user gave (portable); manifest.json pins the snapshot used
+    data["pair"].update(spec.pair.hub_names)
     return tomli_w.dumps(data)

@@ -177,9 +177,27 @@ def run_generate(
 
 
 def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
-    ids = [tokenizer.encode(p.text, add_special_tokens=False) for p in prompts]
+    ids = [prompt_token_ids(tokenizer, p) for p in prompts]
     for p, i in zip(prompts, ids):
         if not i:
             raise InputError("prompt encodes to no tokens", path=p.source_id)
     return ids
+
+
+def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The prompt's own `token_ids` when it has them (the `random` dataset), checked against the
+    tokenizer's vocabulary; otherwise its text, tokenized."""
+    if prompt.token_ids is None:
+        return tokenizer.encode(prompt.text, add_special_tokens=False)
+    size = len(tokenizer)
+    bad = next((t for t in prompt.token_ids if not 0 <= t < size), None)
+    if bad is not None:
+        raise InputError(f"token id {bad} is outside the tokenizer's vocabulary of {size}", path=prompt.source_id)
+    return list(prompt.token_ids)
+
+
+def random_vocab(tokenizer) -> dict:
+    """What `load_dataset("random", ...)` draws from: the tokenizer's base vocabulary (vLLM's choice; ids
+    added on top of it may have no trained embedding) less its special tokens."""
+    return {"vocab_size": int(tokenizer.vocab_size), "exclude_ids": tuple(tokenizer.all_special_ids)}
 

@@ -11,7 +11,9 @@ directory:
 
 The embedded default (no config) is the bundled pair on the torch engine and the bundled bursty
 workload, with the SLO of `autospec.config.SloSpec`; it is sized to finish in about ten minutes on a
-2-core CPU (a quick profile, 40 simulated trials, one real replay of two strategies).
+2-core CPU (a quick profile, 40 simulated trials, one real replay of two strategies). `[tune] time_budget`
+(`autospec run --time-budget`) caps the tune stage's search; the other stages are bounded by their
+settings (a fixed profile grid, the workload's requests × strategies × repeats).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
         tune_spec = TuneSpec(workload=spec.workload, profile=out_dir, trials=spec.tune.trials,
                              objective=spec.tune.objective, slo=slo, min_attainment=spec.tune.min_attainment,
                              strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
-                             seed=spec.engine.seed, pair=spec.pair)
+                             seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget)
         tick = progress("tune trials", spec.tune.trials) if progress else None
         state = {"n": 0}
 

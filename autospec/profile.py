@@ -372,11 +372,23 @@ def write_profile(run_dir: Path, result: ProfileResult, settings: ProfileSetting
                                        "acceptance_rows": len(result.acceptance), **extra})
 
 
-def select_prompts(prompt_files: Sequence[Path], per_domain: int):
-    """Acceptance-trace prompts: the bundled domain sets, or the user's files with at most `per_domain`
-    of each domain (a file may mix domains)."""
-    from autospec.workloads.prompts import bundled_prompt_sets, load_prompts
+def select_prompts(prompt_files: Sequence[Path], per_domain: int, dataset=None, *, seed: int = 0,
+                   vocab: dict | None = None):
+    """Acceptance-trace prompts: the bundled domain sets, or the user's files (or named `dataset`, a
+    `DatasetSelection`) with at most `per_domain` of each domain (a file may mix domains). `vocab`
+    (`generate.random_vocab`) is what the `random` dataset draws token ids from."""
+    from autospec.workloads.default_prompts import bundled_prompt_sets
+    from autospec.workloads.prompts import load_prompts
 
+    if dataset is not None:
+        if prompt_files:
+            raise InputError("give a dataset or prompt files, not both", field="dataset")
+        # A one-domain dataset needs only per_domain prompts; `jsonl` may mix domains, so it is read whole.
+        loaded = dataset.load(limit=per_domain if dataset.domain is not None else None, seed=seed, **(vocab or {}))
+        grouped_ds: dict[str, list] = {}
+        for prompt in loaded:
+            grouped_ds.setdefault(prompt.domain, []).append(prompt)
+        return [p for group in grouped_ds.values() for p in group[:per_domain]]
     if not prompt_files:
         sets = bundled_prompt_sets(limit=per_domain)
         return [p for domain in sorted(sets) for p in sets[domain]]
@@ -388,14 +400,16 @@ def select_prompts(prompt_files: Sequence[Path], per_domain: int):
 
 
 def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files: Sequence[Path] = (),
-                 device: str = "cpu", engine_kind: str = "torch", progress=None) -> ProfileResult:
+                 dataset=None, device: str = "cpu", engine_kind: str = "torch", progress=None) -> ProfileResult:
     """`autospec profile`: time the pair on `engine_kind` (torch, or vllm for the step latency), record
-    acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json."""
+    acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json. The trace prompts
+    come from `prompt_files`, or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
     import functools
 
     from autospec.artifacts import build_manifest, write_json
     from autospec.config import EngineSpec
-    from autospec.generate import build_engine, load_tokenizer
+    from autospec.generate import build_engine, load_tokenizer, prompt_token_ids, random_vocab
+    from autospec.workloads.prompts import prompt_set_digest
 
     latency_from = latency_units = None
     if engine_kind == "vllm":
@@ -407,19 +421,27 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
-    texts = select_prompts(prompt_files, settings.prompts_per_domain)
     tokenizer = load_tokenizer(pair.target)
+    vocab = random_vocab(tokenizer) if dataset is not None and dataset.needs_vocab else None
+    texts = select_prompts(prompt_files, settings.prompts_per_domain, dataset, seed=settings.seed, vocab=vocab)
     encoded = []
     for t in texts:
-        ids = tokenizer.encode(t.text, add_special_tokens=False)
+        ids = prompt_token_ids(tokenizer, t)
         if ids:
             encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
     engine = build_engine(pair, EngineSpec(device=device, seed=settings.seed, k_max=settings.k_max), 0.0)
     result = run_profile(engine, encoded, settings, progress, latency_from=latency_from,
                          latency_units=latency_units)
-    write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind})
+    prompt_set = prompt_set_digest(texts)
+    write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind,
+                                              "prompt_set": prompt_set})
     config = {"command": "profile", "settings": settings.model_dump(), "device": device,
               "pair": pair.model_dump(mode="json")}
+    inputs = list(prompt_files)
+    if dataset is not None:
+        config["dataset"] = {"name": dataset.name, "path": None if dataset.path is None else str(dataset.path)}
+        inputs += [dataset.path] if dataset.path is not None else []
     write_json(out_dir / "manifest.json", build_manifest(
-        config, seed=settings.seed, models={"target": pair.target, "draft": pair.draft}, inputs=list(prompt_files)))
+        config, seed=settings.seed, models={"target": pair.target, "draft": pair.draft}, inputs=inputs,
+        prompt_set=prompt_set))
     return result

@@ -31,6 +31,10 @@ study (`trials` is the study's total: completed + pruned trials), and a changed 
 Optuna commits each finished trial to the storage, so killing a worker loses at most the trial it was
 running; heartbeats mark such a trial failed and the next worker retries its parameters once.
 
+`time_budget_s` (`--time-budget`) stops starting trials once that much search time is spent;
+summary.json's `run` says how many trials this invocation ran and whether the budget cut it short (a
+re-run continues the study towards `trials`).
+
 Writes `tune/best.toml` (a preset file: `autospec evaluate --strategies tune/best.toml`),
 `tune/trials.parquet` (Optuna's trials table + strategy), `tune/pareto.parquet` (multi only),
 `tune/summary.json` (objective, best, feasibility, importances, confirmation) and `deploy/`.
@@ -83,6 +87,9 @@ class TuneSpec(BaseModel):
     seed: int = 0
     prune: bool = True
     pair: PairSpec = PairSpec()  # the real engine for --confirm-top and the deploy files
+    # seconds of search after which no new trial starts (Optuna's `timeout`); not part of the study
+    # name: a budget changes how many trials run, not what one measures
+    time_budget_s: float | None = Field(None, gt=0)
 
 
 # --- search space ------------------------------------------------------------------------------------
@@ -335,13 +342,27 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
     if not study.get_trials(deepcopy=False):  # a new study starts from every candidate's defaults
         for params in default_trials(specs, sm_axis)[: spec.trials]:
             study.enqueue_trial(params, skip_if_exists=True)
-    remaining = spec.trials - _counted(study)
+    before = _counted(study)
+    remaining = spec.trials - before
+    search_s = 0.0
     if remaining > 0:
         callbacks = [MaxTrialsCallback(spec.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))]
         if progress is not None:
+            progress(before, spec.trials)  # where this run starts (a resumed study has trials already)
             callbacks.append(lambda st, _t: progress(_counted(st), spec.trials))
-        study.optimize(objective, n_trials=remaining, callbacks=callbacks, catch=(InputError,))
-    return write_results(spec, out_dir, study, replay)
+        t0 = time.monotonic()
+        # The budget bounds the search: a trial running when it is spent finishes (a trial is a
+        # simulated replay, seconds at most); loading before and writing results (and --confirm-top)
+        # after come on top.
+        study.optimize(objective, n_trials=remaining, timeout=spec.time_budget_s, callbacks=callbacks,
+                       catch=(InputError,))
+        search_s = time.monotonic() - t0
+    counted = _counted(study)
+    budget = {"time_budget_s": spec.time_budget_s, "search_s": search_s, "trials_run": counted - before,
+              "trials_total": counted, "trials_asked": spec.trials,
+              "budget_spent": (spec.time_budget_s is not None and counted < spec.trials
+                               and search_s >= spec.time_budget_s)}
+    return write_results(spec, out_dir, study, replay, budget=budget)
 
 
 # --- results ---------------------------------------------------------------------------------------------
@@ -364,7 +385,8 @@ def ranked_trials(study, spec: TuneSpec) -> list:
                                        else _constraints(t)[0]))
 
 
-def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay) -> dict[str, Any]:
+def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay,
+                  budget: dict[str, Any] | None = None) -> dict[str, Any]:
     from autospec.artifacts import write_json, write_parquet, write_text
     from autospec.deploy import write_deploy
 
@@ -430,6 +452,9 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay) -> di
                  "metrics": {k: best.user_attrs.get(k) for k in HEADLINE if k in best.user_attrs}},
         "param_importances": importances,
         "confirmed": confirmed,
+        # this invocation: the trials the study gained while it ran (other workers' on a shared storage
+        # included) and whether --time-budget stopped it short of `trials_asked`
+        "run": budget or {},
     }
     write_text(out_dir / "tune" / "best.toml", spec_to_toml(tuned))
     summary["deploy"] = write_deploy(out_dir / "deploy", tuned, spec.pair, spec.max_batch,

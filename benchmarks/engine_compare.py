@@ -31,13 +31,22 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def code_prompts(n: int) -> list:
+    """HumanEval from the shared data folder (what the committed results were measured on, so a re-run
+    compares like with like), else the default held-out stdlib prompts. engine_speed.py uses it too."""
+    from autospec.workloads.prompts import load_prompts
+    from autospec.workloads.stdlib_prompts import stdlib_prompts
+
+    humaneval = Path(os.environ.get("AUTOSPEC_DATA_DIR", RESULTS.parents[2] / "shared" / "data")) / "humaneval.jsonl.gz"
+    return load_prompts(humaneval, domain="code", limit=n) if humaneval.is_file() else stdlib_prompts(n)
+
+
 def prompts_ids(n: int, max_len: int) -> list[list[int]]:
     from autospec.generate import load_tokenizer
     from autospec.models import BUNDLED_TARGET
-    from autospec.workloads.prompts import bundled_prompt_sets
 
     tokenizer = load_tokenizer(BUNDLED_TARGET)
-    texts = bundled_prompt_sets(limit=n)["code"]
+    texts = code_prompts(n)
     ids = [tokenizer.encode(p.text, add_special_tokens=False)[-max_len:] for p in texts]
     while len(ids) < n:  # fewer prompt texts than the batch: reuse them
         ids += ids[: n - len(ids)]

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine_compare import code_prompts  # benchmarks/ is on sys.path when run as a script
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -27,11 +29,10 @@ def speed_grid(n_prompts: int, max_tokens: int, batches: list[int], ks: list[int
     from autospec.generate import load_tokenizer, run_generate, strategy_spec
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
     from autospec.strategy import build_strategy
-    from autospec.workloads.prompts import bundled_prompt_sets
 
     engine = TorchSDEngine(BUNDLED_TARGET, BUNDLED_DRAFT)
     tokenizer = load_tokenizer(BUNDLED_TARGET)
-    prompts = bundled_prompt_sets(limit=n_prompts)["code"]
+    prompts = code_prompts(n_prompts)
     ids = [tokenizer.encode(p.text) for p in prompts]
     # warm-up: allocate caches and let the allocator settle
     run_generate(engine, ids[:4], build_strategy(strategy_spec(None, 4)), max_tokens=16, batch_size=4)

@@ -81,6 +81,83 @@ def stdlib_files() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
+def held_out_files(files: list[Path], token_counts: list[int], root: Path, val_fraction: float) -> dict:
+    """The files whose every token lies in the validation tail that `fit` holds out.
+
+    `fit` splits the concatenated token stream (files in `stdlib_files` order, each followed by EOS)
+    into train and the last `val_fraction` of tokens. A file wholly inside that tail was never trained
+    on, so its text can serve as prompts the pair has not memorised (autospec.workloads.stdlib_prompts).
+    The one file straddling the boundary is named but not held out. Paths are relative to the stdlib
+    root, module names dotted, each with the sha256 of the file that was split.
+    """
+    total = sum(token_counts)
+    boundary = total - int(total * val_fraction)
+    held, straddling, start = [], None, 0
+    for path, count in zip(files, token_counts):
+        if start >= boundary:
+            rel = path.relative_to(root)
+            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+            held.append({"module": module, "path": rel.as_posix(),
+                         "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+        elif start + count > boundary:
+            straddling = path.relative_to(root).as_posix()
+        start += count
+    return {"split": f"the last {val_fraction:g} of the token stream (TrainSettings.val_fraction)",
+            "tokens": total - boundary, "straddling_file": straddling, "files": held}
+
+
+def corpus_held_out(tokenizer_file: Path, val_fraction: float = 0.01) -> dict:
+    """Recompute `held_out_files` from this interpreter's stdlib and the pair's tokenizer.
+
+    Valid only on the Python whose stdlib the pair was trained on (the card's file-list hash says which).
+    """
+    from tokenizers import Tokenizer
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    used, texts = [], []
+    for f in stdlib_files():
+        try:
+            texts.append(f.read_text(encoding="utf-8"))
+            used.append(f)
+        except UnicodeDecodeError:
+            continue  # skipped by `data` too
+    counts = [len(enc.ids) + 1 for enc in tokenizer.encode_batch(texts)]  # + the EOS `data` appends
+    return held_out_files(used, counts, root, val_fraction)
+
+
+def prompts_shared_with_training(held: dict, root: Path) -> list[str]:
+    """Default prompts cut from held-out files whose text also stands in a training file (a docstring
+    copied between modules, say): the ids `autospec.workloads.stdlib_prompts` must leave out."""
+    from autospec.workloads.stdlib_prompts import definition_prompts
+
+    held_paths = {entry["path"] for entry in held["files"]}
+    training_text = "\0".join(f.read_text(encoding="utf-8", errors="replace") for f in stdlib_files()
+                               if f.relative_to(root).as_posix() not in held_paths)
+    shared = []
+    for entry in held["files"]:
+        source = (root / entry["path"]).read_text(encoding="utf-8")
+        shared += [p.source_id for p in definition_prompts(source, entry["module"]) if p.text.strip() in training_text]
+    return shared
+
+
+@app.command("held-out")
+def held_out(val_fraction: float = typer.Option(TrainSettings.val_fraction)) -> None:
+    """Record in the bundled model card which stdlib files the training held out (run on the training Python)."""
+    from autospec.models import BUNDLED_TARGET, MODEL_CARD
+
+    card = json.loads(MODEL_CARD.read_text())
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if file_list_hash(stdlib_files(), root) != card["corpus"]["file_list_sha256"]:
+        raise typer.BadParameter("this interpreter's stdlib is not the one the pair was trained on "
+                                 f"(Python {card['corpus']['python']})")
+    held = corpus_held_out(BUNDLED_TARGET / "tokenizer.json", val_fraction)
+    held["shared_with_training"] = prompts_shared_with_training(held, root)
+    card["corpus"]["held_out"] = held
+    MODEL_CARD.write_text(json.dumps(card, indent=2) + "\n")
+    typer.echo(json.dumps(card["corpus"]["held_out"], indent=2))
+
+
 def file_list_hash(files: list[Path], root: Path) -> str:
     h = hashlib.sha256()
     for f in files:

@@ -1,6 +1,7 @@
 """Workloads: what requests arrive when, how long they are, and what text they carry.
 
-- `prompts`   prompt files of any common layout (`load_prompts`) and the bundled domain sets
+- `prompts`   prompt files of any common layout (`load_prompts`)
+- `default_prompts` the default domain sets (`bundled_prompt_sets`): held-out stdlib code, the project's chat/math
 - `trace`     the `Trace` table of requests and its operations (window, scale, cap, clip, prompts)
 - `loaders`   production trace files: Azure, BurstGPT, Mooncake, ServeGen (`load_trace`)
 - `servegen`  ServeGen per-client window traces
@@ -17,7 +18,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Prompt": "prompts", "load_prompts": "prompts", "bundled_prompt_sets": "prompts",
+    "Prompt": "prompts", "load_prompts": "prompts", "bundled_prompt_sets": "default_prompts",
     "Trace": "trace", "TraceRequest": "trace",
     "load_trace": "loaders", "detect_format": "loaders",
     "synthesize": "synthetic",

@@ -6,6 +6,7 @@
 |---|---|---|---|
 | Spec-Bench / MT-Bench questions (JSONL) | records with `turns` | first turn | chat |
 | ShareGPT (JSON array or JSONL) | records with `conversations` | first human turn | chat |
+| MBPP (JSONL, or the sanitized JSON array) | records with `test_list` | docstring: statement + 1st test | code |
 | HumanEval (JSONL, optionally gzipped) | records with `task_id` | `prompt` | code |
 | GSM8K (JSONL) | records with `question` | `question` | math |
 | plain JSONL | records with `prompt` | `prompt` | the record's `domain`, else chat |
@@ -13,48 +14,50 @@
 
 The layout is decided by the first record; every later record must then carry that layout's fields,
 so a broken line is reported as a missing field on that line rather than as an "unknown format".
+`layout=` forces a layout by name (`autospec.workloads.datasets` does, for named datasets) and
+`field=` reads the text from any field of plain records.
 
-`bundled_prompt_sets` loads the three default domain sets (HumanEval, MT-Bench, GSM8K) from the shared
-data folder, which is found via `AUTOSPEC_DATA_DIR`, else `../shared/data` from the working directory,
-else `../shared/data` next to the repository.
+The default prompt sets (needing nothing outside the package) are in `autospec.workloads.default_prompts`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from autospec.errors import InputError
 from autospec.workloads._io import iter_json_records, read_text
 
 DEFAULT_DOMAIN = "chat"  # for prompts whose file says nothing about their domain
-DATA_DIR_ENV = "AUTOSPEC_DATA_DIR"
-BUNDLED_FILES: dict[str, str] = {
-    "code": "humaneval.jsonl.gz",
-    "chat": "mt_bench_questions.jsonl",
-    "math": "gsm8k_test.jsonl",
-}
 _JSON_SUFFIXES = {".json", ".jsonl", ".ndjson"}
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text, its domain label and where it came from (`file#id` or `file:line`)."""
+    """One prompt: its text, its domain label and where it came from (`file#id` or `file:line`).
+
+    `token_ids`, when set, are the prompt itself (the `random` dataset): encoders send them as they are
+    instead of tokenizing `text`, which is then only a description.
+    """
 
     text: str
     domain: str
     source_id: str
+    token_ids: tuple[int, ...] | None = None
 
 
-def load_prompts(path: str | Path, domain: str | None = None, limit: int | None = None) -> list[Prompt]:
+def load_prompts(path: str | Path, domain: str | None = None, limit: int | None = None, *,
+                 layout: str | None = None, field: str | None = None) -> list[Prompt]:
     """Read a prompt file of any supported layout (see the module docstring), in file order.
 
     `domain`, when given, labels every prompt (overriding the layout's default and any per-record
-    `domain`); `limit` keeps the first `limit` prompts and stops reading there. Bad input — a missing,
+    `domain`); `limit` keeps the first `limit` prompts and stops reading there. `layout` (a name in
+    `LAYOUTS`) skips detection: every record must then carry that layout's fields; `field` reads plain
+    records' text from that key instead of `prompt` (it implies the plain layout). Bad input — a missing,
     empty, non-UTF-8 or malformed file, a record without its text field, an unknown layout — raises
     `InputError` naming the file and line.
     """
@@ -64,11 +67,12 @@ def load_prompts(path: str | Path, domain: str | None = None, limit: int | None 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InputError(f"limit must be a positive integer, got {limit!r}", path=path, field="limit")
 
+    forced = _forced_layout(layout, field, path)
     text = read_text(path)
-    if _is_plain_text(path):
+    if _is_plain_text(path) and forced is None:
         prompts: Iterable[Prompt] = _text_prompts(text, path, domain)
     else:
-        prompts = _json_prompts(text, path, domain)
+        prompts = _json_prompts(text, path, domain, forced)
     result = list(islice(prompts, limit))
     if not result:
         raise InputError("no prompts in file", path=path)
@@ -90,7 +94,7 @@ def _text_prompts(text: str, path: Path, domain: str | None) -> Iterator[Prompt]
             yield Prompt(line, domain or DEFAULT_DOMAIN, f"{path.name}:{number}")
 
 
-def _json_prompts(text: str, path: Path, domain: str | None) -> Iterator[Prompt]:
+def _json_prompts(text: str, path: Path, domain: str | None, layout: "_Layout | None" = None) -> Iterator[Prompt]:
     suffixes = {s.lower() for s in path.suffixes}
     if not suffixes & _JSON_SUFFIXES and text.lstrip()[:1] not in ("{", "["):
         raise InputError(
@@ -99,8 +103,20 @@ def _json_prompts(text: str, path: Path, domain: str | None) -> Iterator[Prompt]
     if _is_one_json_object(text):
         raise InputError("unknown prompt file format: one JSON object spread over several lines; expected JSON "
                          "Lines (one record per line) or a JSON array of records", path=path)
-    layout: _Layout | None = None
-    for line, record in iter_json_records(text, path):
+    yield from _record_prompts(iter_json_records(text, path), path, domain, layout)
+
+
+def prompts_from_records(records: Iterable[tuple[int, Any]], path: str | Path, domain: str | None = None, *,
+                         layout: str | None = None, field: str | None = None) -> Iterator[Prompt]:
+    """Prompts from (line, record) pairs already parsed (e.g. rows of a Hugging Face dataset), exactly as
+    `load_prompts` reads a file's; `path` names the source in errors and source ids."""
+    path = Path(path)
+    return _record_prompts(records, path, domain, _forced_layout(layout, field, path))
+
+
+def _record_prompts(records: Iterable[tuple[int, Any]], path: Path, domain: str | None,
+                    layout: "_Layout | None") -> Iterator[Prompt]:
+    for line, record in records:
         if not isinstance(record, dict):
             raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
         if layout is None:
@@ -197,10 +213,25 @@ def _record_domain(record: dict[str, Any], path: Path, line: int) -> str:
     return value
 
 
-# Checked in order: HumanEval records also have `prompt`, so `task_id` must win over plain `prompt`.
+def _mbpp_prompt(record: dict[str, Any], path: Path, line: int) -> str:
+    """An MBPP problem as the usual code-completion prompt: a docstring holding the statement and the
+    first test (the bigcode-evaluation-harness form), which tells the model the function's name and
+    signature. [chosen] The original release's statement is `text`, the sanitized one's `prompt`."""
+    statement = _required_text(record, "text" if "text" in record or "prompt" not in record else "prompt",
+                               path, line)
+    tests = record.get("test_list")
+    if not isinstance(tests, list) or not tests or not isinstance(tests[0], str) or not tests[0].strip():
+        raise InputError("field 'test_list' must be a non-empty list of strings", path=path, line=line,
+                         field="test_list")
+    return f'"""\n{statement.strip()}\n{tests[0].strip()}\n"""\n'
+
+
+# Checked in order: HumanEval and sanitized MBPP records also have `prompt`, and MBPP records `task_id`,
+# so `test_list` must win over `task_id`, and `task_id` over plain `prompt`.
 _LAYOUTS = (
     _Layout("mt_bench", "turns", _first_turn, "question_id", "chat"),
     _Layout("sharegpt", "conversations", _first_human_turn, "id", "chat"),
+    _Layout("mbpp", "test_list", _mbpp_prompt, "task_id", "code"),
     _Layout("humaneval", "task_id", lambda r, p, n: _required_text(r, "prompt", p, n), "task_id", "code"),
     _Layout("gsm8k", "question", lambda r, p, n: _required_text(r, "question", p, n), "id", "math"),
     _Layout("plain", "prompt", lambda r, p, n: _required_text(r, "prompt", p, n), "id", None),
@@ -214,38 +245,40 @@ def _detect(record: dict[str, Any], path: Path, line: int) -> _Layout:
     keys = ", ".join(sorted(map(str, record))[:8]) or "none"
     raise InputError(
         f"unknown prompt record format (keys: {keys}); expected one of 'turns' (MT-Bench), 'conversations' "
-        "(ShareGPT), 'task_id' + 'prompt' (HumanEval), 'question' (GSM8K) or 'prompt'", path=path, line=line)
+        "(ShareGPT), 'test_list' (MBPP), 'task_id' + 'prompt' (HumanEval), 'question' (GSM8K) or 'prompt'",
+        path=path, line=line)
 
 
-# --- the bundled default prompt sets -------------------------------------------------------------
-
-def data_dir_candidates() -> list[Path]:
-    """Where the shared data folder is looked for, in order (the env var alone when it is set)."""
-    override = os.environ.get(DATA_DIR_ENV)
-    if override:
-        return [Path(override)]
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [Path.cwd() / ".." / "shared" / "data", repo / ".." / "shared" / "data"]
-    unique: list[Path] = []
-    for c in candidates:
-        if c.resolve() not in {u.resolve() for u in unique}:
-            unique.append(c)
-    return unique
+LAYOUTS = tuple(layout.name for layout in _LAYOUTS)
 
 
-def bundled_prompt_paths() -> dict[str, Path]:
-    """Domain → file of the default prompt sets, from the first folder that holds all of them."""
-    candidates = data_dir_candidates()
-    for folder in candidates:
-        paths = {domain: folder / name for domain, name in BUNDLED_FILES.items()}
-        if all(p.is_file() for p in paths.values()):
-            return {domain: p.resolve() for domain, p in paths.items()}
-    looked = ", ".join(str(c.resolve()) for c in candidates)
-    needed = ", ".join(BUNDLED_FILES.values())
-    raise InputError(f"default prompt sets not found: looked in {looked} for {needed}; "
-                     f"set {DATA_DIR_ENV} to the folder that holds them or name prompt files explicitly")
+def _forced_layout(name: str | None, field: str | None, path: Path) -> _Layout | None:
+    """The layout `load_prompts(layout=, field=)` asks for; None leaves it to detection."""
+    if field is not None:
+        if not isinstance(field, str) or not field.strip():
+            raise InputError(f"field must be a non-empty string, got {field!r}", path=path, field="field")
+        if name not in (None, "plain"):
+            raise InputError(f"a text field only applies to plain records, not to layout '{name}'", path=path,
+                             field="field")
+        return _Layout("plain", field, lambda r, p, n: _required_text(r, field, p, n), "id", None)
+    if name is None:
+        return None
+    for layout in _LAYOUTS:
+        if layout.name == name:
+            return layout
+    raise InputError(f"unknown prompt layout {name!r}; expected one of {', '.join(LAYOUTS)}", path=path,
+                     field="layout")
 
 
-def bundled_prompt_sets(limit: int | None = None) -> dict[str, list[Prompt]]:
-    """The default domain prompt sets: {"code": HumanEval, "chat": MT-Bench, "math": GSM8K}."""
-    return {domain: load_prompts(path, domain=domain, limit=limit) for domain, path in bundled_prompt_paths().items()}
+def prompt_set_digest(prompts: Sequence[Prompt]) -> dict[str, Any]:
+    """What a manifest records of a prompt set: its size per domain and a sha256 over every prompt's id,
+    domain and text (or token ids), in order — the same prompts on another machine give the same hash."""
+    h = hashlib.sha256()
+    domains: dict[str, int] = {}
+    for p in prompts:
+        content = p.text if p.token_ids is None else ",".join(map(str, p.token_ids))
+        for part in (p.source_id, p.domain, content):
+            h.update(part.encode("utf-8"))
+            h.update(b"\0")
+        domains[p.domain] = domains.get(p.domain, 0) + 1
+    return {"prompts": len(prompts), "domains": domains, "sha256": h.hexdigest()}

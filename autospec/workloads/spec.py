@@ -2,7 +2,7 @@
 
 ```toml
 [workload]
-trace = "../../shared/data/azure_llm_2023_code.csv"   # relative paths: from this TOML file's folder
+trace = "bundled:azure-code-2023"   # a trace shipped with autospec, or a file (relative: from this TOML's folder)
 format = "azure"            # azure | burstgpt | mooncake | servegen (detected when left out) | synthetic
 start_s = 1800              # keep arrivals in [start_s, start_s + duration_s) ...
 duration_s = 120            # ... and re-time them to start at 0
@@ -12,8 +12,14 @@ max_requests = 200          # then keep the first N
 max_prompt_tokens = 256     # then clip lengths
 max_output_tokens = 64
 prompts = ["my_prompts.jsonl", { path = "more.txt", domain = "code" }]  # default: bundled code/chat/math
+# or named datasets (autospec.workloads.datasets): [{ dataset = "mbpp", path = "mbpp.jsonl", limit = 50 }]
 seed = 0
 ```
+
+`trace` is a trace file (CSV/JSONL, gzipped or not; a relative path is taken from the folder of the
+TOML file that names it) or `bundled:<name>`, a trace shipped inside the package, found wherever the
+spec lives: `bundled:azure-code-2023` is one hour of the Azure LLM inference trace 2023, code
+(8,819 requests, CC-BY-4.0; list in `autospec.workloads.loaders.BUNDLED_TRACES`).
 
 A synthetic workload names a generator instead of a trace (see `autospec.workloads.synthetic`):
 `format = "synthetic"`, `generator = "poisson" | "gamma" | "diurnal" | "onoff"`, `rate`, `duration_s`
@@ -35,11 +41,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, \
     field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from autospec.errors import InputError
 from autospec.workloads._io import read_text
-from autospec.workloads.loaders import TRACE_FORMATS, load_trace
-from autospec.workloads.prompts import Prompt, bundled_prompt_sets, load_prompts
+from autospec.workloads.loaders import BUNDLED_PREFIX, BUNDLED_TRACES, TRACE_FORMATS, load_trace
+from autospec.workloads.default_prompts import bundled_prompt_sets
+from autospec.workloads.prompts import Prompt, load_prompts
 from autospec.workloads.synthetic import GENERATORS, MAX_REQUESTS, synthesize
 from autospec.workloads.trace import Trace
 
@@ -48,12 +56,41 @@ SYNTHETIC_KEYS = ("generator", "rate", "cv", "amplitude", "period_s", "on_s", "o
 
 
 class PromptSource(BaseModel):
-    """A prompt file, optionally relabelled to one domain and cut to its first `limit` prompts."""
+    """A prompt file or a named dataset (`autospec.workloads.datasets`; with `dataset`, `path` is the
+    dataset's file), optionally relabelled to one domain and cut to its first `limit` prompts."""
 
     model_config = ConfigDict(extra="forbid")
-    path: str
+    path: str | None = None
+    dataset: str | None = None
+    field: str | None = Field(default=None, min_length=1)  # plain JSONL records: the key holding the text
     domain: str | None = Field(default=None, min_length=1)
     limit: PositiveInt | None = None
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from autospec.workloads.datasets import dataset_info
+
+        try:
+            info = dataset_info(value)
+        except InputError as exc:
+            raise PydanticCustomError("unknown_dataset", exc.problem) from None
+        if info.name == "random":
+            # [chosen] a trace carries prompt text; random ids are what `prompts = []` already replays.
+            raise PydanticCustomError("random_dataset", "dataset 'random' gives token ids, not text; a workload "
+                                      "with `prompts = []` replays random token ids of the trace's lengths")
+        return info.name
+
+    @model_validator(mode="after")
+    def _path_or_dataset(self) -> "PromptSource":
+        if self.path is None and self.dataset is None:
+            raise PydanticCustomError("prompt_source", "a prompt source needs `path` (a prompt file) or "
+                                      "`dataset` (a named dataset)")
+        if self.dataset == "stdlib" and self.path is not None:
+            raise PydanticCustomError("prompt_source", "dataset 'stdlib' reads no file; drop `path`")
+        return self
 
 
 class WorkloadSpec(BaseModel):
@@ -122,6 +159,10 @@ class WorkloadSpec(BaseModel):
         else:
             if self.trace is None:
                 raise _FieldProblem("trace", f"format '{self.format}' needs a trace file")
+            bundled = self.trace.removeprefix(BUNDLED_PREFIX)
+            if self.trace.startswith(BUNDLED_PREFIX) and bundled not in BUNDLED_TRACES:
+                raise _FieldProblem("trace", f"unknown bundled trace {bundled!r}; known: "
+                                             f"{', '.join(BUNDLED_PREFIX + n for n in sorted(BUNDLED_TRACES))}")
             for key in SYNTHETIC_KEYS:
                 if key in self.model_fields_set:
                     raise _FieldProblem(key, f"'{key}' only applies to format = \"synthetic\"")
@@ -142,7 +183,7 @@ class WorkloadSpec(BaseModel):
                                mean_output_tokens=self.mean_output_tokens, length_sigma=self.length_sigma,
                                domains=self.domains, name=self.name or "")
         else:
-            trace = load_trace(_resolve(base_dir, self.trace), self.format, domain=self.domain, seed=self.seed,
+            trace = load_trace(_trace_source(base_dir, self.trace), self.format, domain=self.domain, seed=self.seed,
                                span=(self.start_s, end_s))
         if self.start_s > 0 or self.duration_s is not None:
             trace = trace.window(self.start_s, self.duration_s)
@@ -165,7 +206,15 @@ class WorkloadSpec(BaseModel):
             return bundled_prompt_sets()
         sets: dict[str, list[Prompt]] = {}
         for source in self.prompts:
-            for prompt in load_prompts(_resolve(Path(base_dir), source.path), source.domain, source.limit):
+            path = None if source.path is None else _resolve(Path(base_dir), source.path)
+            if source.dataset is not None:
+                from autospec.workloads.datasets import load_dataset
+
+                loaded = load_dataset(source.dataset, path, limit=source.limit, domain=source.domain,
+                                      seed=self.seed, field=source.field, path_hint="`path = FILE` in its source")
+            else:
+                loaded = load_prompts(path, source.domain, source.limit, field=source.field)
+            for prompt in loaded:
                 sets.setdefault(prompt.domain, []).append(prompt)
         return sets
 
@@ -210,6 +259,11 @@ def load_workload(path: str | Path) -> Trace:
         if exc.path is None:  # a spec-level problem (empty window, ...): say which spec file
             raise InputError(exc.problem, path=path, field=exc.field and f"workload.{exc.field}") from None
         raise
+
+
+def _trace_source(base_dir: Path, name: str) -> str | Path:
+    """`bundled:<name>` as it is (load_trace finds it in the package), else a path from `base_dir`."""
+    return name if name.startswith(BUNDLED_PREFIX) else _resolve(base_dir, name)
 
 
 def _resolve(base_dir: Path, name: str) -> Path:

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from autospec.errors import InputError
 from autospec.workloads.loaders import detect_format, load_azure, load_burstgpt, load_mooncake, load_trace
 from autospec.workloads.servegen import load_servegen
+from autospec_testing import SHARED_DATA
 
-DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA_DIR = SHARED_DATA
 AZURE = DATA_DIR / "azure_llm_2023_code.csv"
-needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason="../shared/data not present")
+needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason=f"{DATA_DIR} not present")
 # database=None: no .hypothesis folder in the checkout; the examples are cheap to regenerate.
 FAST = settings(max_examples=30, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -11,12 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autospec.errors import InputError
-from autospec.workloads.prompts import Prompt, bundled_prompt_paths, bundled_prompt_sets, load_prompts
+from autospec.workloads.prompts import Prompt, load_prompts
+from autospec_testing import SHARED_DATA
 
-DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA_DIR = SHARED_DATA
 BUNDLED = ("humaneval.jsonl.gz", "mt_bench_questions.jsonl", "gsm8k_test.jsonl")
 needs_data = pytest.mark.skipif(not all((DATA_DIR / name).is_file() for name in BUNDLED),
-                                reason="../shared/data not present")
+                                reason=f"{DATA_DIR} not present")
 
 
 def write_jsonl(path: Path, records: list) -> Path:
@@ -60,29 +61,6 @@ def test_gsm8k_is_math_with_line_ids_and_limit():
     assert {p.domain for p in prompts} == {"math"}
     assert [p.source_id for p in prompts] == [f"gsm8k_test.jsonl:{i}" for i in range(1, 6)]
     assert len(load_prompts(DATA_DIR / "gsm8k_test.jsonl")) == 1319
-
-
-@needs_data
-def test_bundled_prompt_sets_from_env(monkeypatch):
-    monkeypatch.setenv("AUTOSPEC_DATA_DIR", str(DATA_DIR))
-    sets = bundled_prompt_sets(limit=3)
-    assert set(sets) == {"code", "chat", "math"}
-    assert all(len(v) == 3 and {p.domain for p in v} == {k} for k, v in sets.items())
-    assert bundled_prompt_paths()["code"].name == "humaneval.jsonl.gz"
-
-
-@needs_data
-def test_bundled_prompt_sets_found_without_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("AUTOSPEC_DATA_DIR", raising=False)
-    monkeypatch.chdir(tmp_path)  # not next to the data: falls back to the repository's location
-    assert set(bundled_prompt_paths()) == {"code", "chat", "math"}
-
-
-def test_bundled_prompt_sets_missing_says_where_it_looked(monkeypatch, tmp_path):
-    monkeypatch.setenv("AUTOSPEC_DATA_DIR", str(tmp_path / "nowhere"))
-    with pytest.raises(InputError) as info:
-        bundled_prompt_sets()
-    assert "nowhere" in str(info.value) and "AUTOSPEC_DATA_DIR" in str(info.value)
 
 
 # --- the other layouts ------------------------------------------------------------------------

@@ -8,11 +8,12 @@ import pytest
 
 from autospec.errors import InputError
 from autospec.workloads.spec import WorkloadSpec, load_workload, read_workload_spec, workload_spec_from_dict
+from autospec_testing import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO / ".." / "shared" / "data"
+DATA_DIR = SHARED_DATA
 needs_data = pytest.mark.skipif(not (DATA_DIR / "azure_llm_2023_code.csv").is_file(),
-                                reason="../shared/data not present")
+                                reason=f"{DATA_DIR} not present")
 BUNDLED = sorted((REPO / "workloads").glob("*.toml"))
 
 

@@ -230,11 +230,14 @@ def build_strategy(spec: StrategySpec) -> Strategy:
 
 
 def presets_dir() -> Path:
-    """Where bundled presets live: autospec/presets (a symlink to the repo's policies/ in a checkout,
-    copied files in an installed wheel), else the repo's policies/ directly."""
-    bundled = resources.files("autospec") / "presets"
-    if bundled.is_dir():
-        return Path(str(bundled))
+    """Where the bundled presets live: autospec/presets in an installed wheel (pyproject.toml maps the
+    repo's top-level policies/ there as package data), else policies/ itself (editable install, checkout)."""
+    # [chosen] a resource folder of `autospec`, not an import of `autospec.presets`: policies/ has no
+    # __init__.py (it is the users' folder of TOML files), and setuptools' editable finder cannot import
+    # a mapped folder without one, so editable installs and plain checkouts read the repo folder directly.
+    installed = resources.files("autospec") / "presets"
+    if installed.is_dir():
+        return Path(str(installed))
     return Path(__file__).resolve().parents[1] / "policies"
 
 

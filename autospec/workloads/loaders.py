@@ -11,11 +11,20 @@ Arrival times are re-based so the first request arrives at 0 (ServeGen keeps its
 so that windows line up across clients). Rows with zero output tokens are dropped: BurstGPT records
 failed requests that way, and a request that generates nothing has no decoding to measure. Any other
 bad row — a missing column or value, text where a number belongs, NaN, a negative or fractional token
-count, an unparsable timestamp — raises InputError naming the file and line.
+count, an unparsable timestamp — raises InputError naming the file and line. Gzipped files (any name:
+the bytes are checked) are read transparently.
+
+Bundled traces ship as package data in `autospec/workloads/data/` and are named, wherever the naming
+file lives, as `bundled:<name>` (`BUNDLED_TRACES`; `bundled_trace` gives the file):
+
+| name | file | what |
+|---|---|---|
+| azure-code-2023 | azure_llm_2023_code.csv.gz | Azure LLM inference trace 2023, code: 1 h, 8,819 requests (CC-BY-4.0, see data/ATTRIBUTION.txt) |
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -31,15 +40,30 @@ TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "servegen")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")  # Model, Total tokens, Log Type unused
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+BUNDLED_PREFIX = "bundled:"
+BUNDLED_TRACES = {"azure-code-2023": "azure_llm_2023_code.csv.gz"}  # name -> file in autospec/workloads/data/
+
+
+def bundled_trace(name: str) -> Path:
+    """The package-data file of a bundled trace (`name` with or without the `bundled:` prefix)."""
+    name = name.removeprefix(BUNDLED_PREFIX)
+    if name not in BUNDLED_TRACES:
+        raise InputError(f"unknown bundled trace {name!r}; known: {', '.join(sorted(BUNDLED_TRACES))}",
+                         field="trace")
+    # A real file in both an installed wheel and an editable install (data/ sits inside autospec/ in the
+    # checkout); the loaders need a filesystem path, and packages are never installed zipped here.
+    return Path(str(resources.files("autospec.workloads") / "data" / BUNDLED_TRACES[name]))
 
 
 def load_trace(path: str | Path, format: str | None = None, *, domain: str | None = None, seed: int = 0,
                span: tuple[float, float] | None = None) -> Trace:
-    """Load a trace file in `format` (detected from the file when None).
+    """Load a trace file in `format` (detected from the file when None); `bundled:<name>` names a bundled one.
 
     `domain` labels the requests (Azure defaults to "code" for a file whose name says code, every
     other format to "chat"). `seed` and `span` only matter for ServeGen, whose arrivals are drawn.
     """
+    if isinstance(path, str) and path.startswith(BUNDLED_PREFIX):
+        path = bundled_trace(path)
     path = Path(path)
     format = format or detect_format(path)
     if format == "azure":

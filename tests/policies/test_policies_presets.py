@@ -30,7 +30,7 @@ high = 8
 
 def test_all_expected_presets_are_bundled():
     assert set(list_presets()) == EXPECTED
-    # the package's presets directory is the repo's policies/ (a symlink in a checkout)
+    # in a checkout (editable install) the presets are read from the repo's policies/ itself
     assert presets_dir().resolve() == (Path(__file__).parents[2] / "policies").resolve()
 
 

@@ -10,12 +10,13 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from autospec.config import SloSpec
 from autospec.errors import InputError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -55,6 +56,24 @@ def _prompts(paths: list[Path], per_set: int | None, dataset=None, *, seed: int 
 
 _DATASET_HELP = ("stdlib, random, humaneval, mbpp, gsm8k, mt-bench, spec-bench, sharegpt, jsonl "
                  "(see README: Datasets)")
+# The prompt-source and download flags `generate` and `profile` share, declared once.
+DatasetOption = Annotated[Optional[str], typer.Option("--dataset", help="a named dataset instead of --prompts: "
+                                                      + _DATASET_HELP)]
+DatasetPathOption = Annotated[Optional[Path], typer.Option("--dataset-path", help="the --dataset's file")]
+RandomInputLenOption = Annotated[int, typer.Option("--random-input-len", help="--dataset random: tokens per prompt")]
+RandomRangeRatioOption = Annotated[float, typer.Option("--random-range-ratio", help="--dataset random: lengths "
+                                                       "uniform in [L(1-r), L(1+r)]")]
+AllowDownloadOption = Annotated[bool, typer.Option("--allow-download", help="fetch from the Hugging Face Hub what "
+                                                   "is not local: a --target/--draft model id, a --dataset without a "
+                                                   "file (default: local directories and the HF cache only)")]
+# --slo-ttft/--slo-tpot: unset flags take the one SLO default (config.SloSpec), as `autospec run` does
+_SLO_TTFT_HELP = f"TTFT SLO in seconds (default {SloSpec().ttft_s:g}, as `autospec run`)"
+_SLO_TPOT_HELP = f"TPOT SLO in seconds (default {SloSpec().tpot_s:g}, as `autospec run`)"
+
+
+def _slo_flags(ttft_s: float | None, tpot_s: float | None) -> dict:
+    """The SLO the flags give; a flag left out keeps SloSpec's default (pydantic fills it in)."""
+    return {k: v for k, v in (("ttft_s", ttft_s), ("tpot_s", tpot_s)) if v is not None}
 
 
 def _check_dataset_flags(dataset: str | None, dataset_path: Path | None, prompts: list[Path] | None,
@@ -149,15 +168,11 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature"),
     max_tokens: int = typer.Option(64, "--max-tokens"),
     batch_size: int = typer.Option(8, "--batch-size"),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="a named dataset instead of --prompts: "
-                                          + _DATASET_HELP),
-    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="the --dataset's file"),
-    random_input_len: int = typer.Option(128, "--random-input-len", help="--dataset random: tokens per prompt"),
-    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio", help="--dataset random: lengths "
-                                             "uniform in [L(1-r), L(1+r)]"),
-    allow_download: bool = typer.Option(False, "--allow-download", help="fetch from the Hugging Face Hub what "
-                                        "is not local: a --target/--draft model id, a --dataset without a file "
-                                        "(default: local directories and the HF cache only)"),
+    dataset: DatasetOption = None,
+    dataset_path: DatasetPathOption = None,
+    random_input_len: RandomInputLenOption = 128,
+    random_range_ratio: RandomRangeRatioOption = 0.0,
+    allow_download: AllowDownloadOption = False,
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts per file (--dataset: prompts)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos"),
     target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
@@ -197,8 +212,7 @@ def generate(
                                              random_range_ratio=random_range_ratio,
                                              allow_download=allow_download))
     except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(e["msg"], field=".".join(map(str, e["loc"]))) from None
+        raise InputError.from_validation(exc) from None
     if spec.pair.draft is None and (k or 0) > 0:
         raise InputError("SD needs a draft model: pass --draft", field="draft")
     spec.pair = spec.pair.resolved()  # hub ids → directories, before any work
@@ -314,15 +328,11 @@ def profile(
     k_max: int = typer.Option(8, "--k-max", help="longest draft chain recorded / verified"),
     prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s); default: the bundled "
                                                  "code/chat/math sets"),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="a named dataset instead of --prompts: "
-                                          + _DATASET_HELP),
-    dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="the --dataset's file"),
-    random_input_len: int = typer.Option(128, "--random-input-len", help="--dataset random: tokens per prompt"),
-    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio", help="--dataset random: lengths "
-                                             "uniform in [L(1-r), L(1+r)]"),
-    allow_download: bool = typer.Option(False, "--allow-download", help="fetch from the Hugging Face Hub what "
-                                        "is not local: a --target/--draft model id, a --dataset without a file "
-                                        "(default: local directories and the HF cache only)"),
+    dataset: DatasetOption = None,
+    dataset_path: DatasetPathOption = None,
+    random_input_len: RandomInputLenOption = 128,
+    random_range_ratio: RandomRangeRatioOption = 0.0,
+    allow_download: AllowDownloadOption = False,
     target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
                                           "a Hugging Face id org/name or org/name@revision"),
     draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
@@ -438,8 +448,8 @@ def evaluate(
                                                "(required for --engine sim; latency model for torch)"),
     out_dir: Path = typer.Option(..., "--out", help="run directory to write eval/ and manifest.json to"),
     repeats: int = typer.Option(1, "--repeats", help="runs per strategy; CIs bootstrap across them"),
-    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="TTFT SLO in seconds (default 2)"),
-    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="TPOT SLO in seconds (default 0.2)"),
+    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help=_SLO_TTFT_HELP),
+    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help=_SLO_TPOT_HELP),
     max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
     kv_budget: Optional[int] = typer.Option(None, "--kv-budget", help="KV tokens the running requests may hold"),
     temperature: float = typer.Option(0.0, "--temperature"),
@@ -455,7 +465,7 @@ def evaluate(
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
     from autospec.progress import reporter
-    from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, HEADLINE, run_evaluate, spec_from_flags
+    from autospec.evaluate import HEADLINE, run_evaluate, spec_from_flags
 
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     if not names:
@@ -463,8 +473,7 @@ def evaluate(
     if engine not in ("torch", "sim", "vllm"):
         raise InputError(f"unknown engine {engine!r}; use torch, sim or vllm", field="engine")
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
-                       slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
-                            "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
+                       slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
                        seed=seed, device=device)
     if target is not None or draft is not None:
@@ -573,8 +582,8 @@ def tune(
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in OUT/tune)"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="default: derived from the settings"),
     objective: str = typer.Option("goodput", "--objective", help="goodput | multi (throughput vs p99 TPOT)"),
-    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="TTFT SLO in seconds (default 2)"),
-    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="TPOT SLO in seconds (default 0.2)"),
+    slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help=_SLO_TTFT_HELP),
+    slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help=_SLO_TPOT_HELP),
     min_attainment: float = typer.Option(0.9, "--min-attainment", help="SLO attainment a feasible trial needs"),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
                                              "every preset but oracle and the fixed static-kN)"),
@@ -589,7 +598,6 @@ def tune(
     as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
 ) -> None:
     """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
-    from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
     from autospec.progress import parse_duration, reporter
     from autospec.tune import run_tune, spec_from_flags
 
@@ -600,8 +608,7 @@ def tune(
         raise InputError("the search space is empty: --strategies lists no strategy", field="strategies")
     spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
                            study_name=study_name, objective=objective, min_attainment=min_attainment,
-                           slo={"ttft_s": DEFAULT_SLO_TTFT_S if slo_ttft is None else slo_ttft,
-                                "tpot_s": DEFAULT_SLO_TPOT_S if slo_tpot is None else slo_tpot},
+                           slo=_slo_flags(slo_ttft, slo_tpot),
                            strategies=names, confirm_top=confirm_top, max_batch=max_batch, k_max=k_max,
                            prune=not no_prune, seed=seed,
                            time_budget_s=None if time_budget is None else parse_duration(time_budget))

@@ -111,8 +111,11 @@ PIPELINE = ["profile", "fit", "tune", "evaluate", "report"]
 
 
 class SloSpec(_Model):
-    """[chosen] for the bundled ~10M-parameter pair on a CPU (~10 ms/token at batch 1): first token
-    within 1 s, then 50 ms per output token. Set your deployment's numbers."""
+    """The latency SLO a request must meet to count towards goodput (autospec.serving.metrics), and
+    its one default, used by `run`, `evaluate`, `tune` and the gate benchmark alike so one workload is
+    graded the same by every command. [chosen] for the bundled ~10M-parameter pair on a CPU (~10
+    ms/token at batch 1): first token within 1 s, then 50 ms per output token — until the default
+    workload changes. Set your deployment's numbers ([slo], --slo-ttft/--slo-tpot)."""
 
     ttft_s: float = Field(1.0, gt=0)
     tpot_s: float = Field(0.05, gt=0)
@@ -179,11 +182,6 @@ class RunSpec(_Model):
         return data
 
 
-def _first_error(err: ValidationError) -> tuple[str, str]:
-    e = err.errors()[0]
-    return ".".join(str(p) for p in e["loc"]), e["msg"]
-
-
 def load_run_spec(path: str | Path) -> RunSpec:
     """Read a run config TOML; relative paths inside it are resolved against the file's folder."""
     path = Path(path)
@@ -198,8 +196,7 @@ def load_run_spec(path: str | Path) -> RunSpec:
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as err:
-        where, msg = _first_error(err)
-        raise InputError(msg, path=path, field=where) from None
+        raise InputError.from_validation(err, path) from None
     if spec.schema_version != SCHEMA_VERSION:
         raise InputError(f"schema_version {spec.schema_version} is not supported (this autospec reads "
                          f"{SCHEMA_VERSION})", path=path, field="schema_version")

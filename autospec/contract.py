@@ -2,7 +2,7 @@
 
 Engines produce these records, policies read them, and only the serving loop (or the simple strategy
 runner) imports both sides. Keeping the types here — and nothing else — is what lets engines never
-import policies and policies never import engines (see DESIGN.md, "Where data flows").
+import policies and policies never import engines (see docs/architecture.md, "Where data flows").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
   When vLLM cannot express it (a per-request verify policy, a policy needing draft confidences or
   distributions, FASER execution knobs), the file says so instead: {"supported": false, "strategy":
   ..., "notes": [why]} — it must not start a deployment that silently runs something else. The
-  mapping is `autospec.engines.vllm_engine.speculative_config_for`, the same one `--engine vllm` runs.
+  mapping is `autospec.serving.vllm.engine.speculative_config_for`, the same one `--engine vllm` runs.
 * `README.md` — the command lines and the notes.
 
 When vLLM is installed, a supported config is validated by building vLLM's engine config from it
@@ -32,27 +32,11 @@ from typing import Any
 
 from autospec.config import PairSpec
 from autospec.errors import InputError
-from autospec.strategy import PolicySection, StrategySpec, spec_to_toml
+from autospec.serving.vllm.engine import vllm_form
+from autospec.strategy import StrategySpec, spec_to_toml
 
 CONFIG_FILE = "vllm_speculative_config.json"
 STRATEGY_FILE = "autospec_strategy.toml"
-
-
-def vllm_form(spec: StrategySpec, max_batch: int) -> tuple[StrategySpec, list[tuple[int, int, int]] | None]:
-    """The strategy in the shape vLLM's config knows: a per-batch-size schedule becomes static K (its
-    largest) plus the [first, last, K] rows up to the deployment's batch size; K = 0 everywhere is no-SD."""
-    if spec.length.policy != "batch-schedule":
-        return spec, None
-    from autospec.policies.batch_schedule import BatchScheduleParams
-
-    params = BatchScheduleParams(**spec.length.params)
-    rows = params.ranges(max_batch)
-    top = max(k for _, _, k in rows)
-    if top == 0:
-        return spec.model_copy(update={"length": PolicySection(policy="none")}), None
-    if all(k == top for _, _, k in rows):
-        return spec.model_copy(update={"length": PolicySection(policy="static", k=top)}), None
-    return spec.model_copy(update={"length": PolicySection(policy="static", k=top)}), rows
 
 
 def vllm_config(spec: StrategySpec, pair: PairSpec, max_batch: int, *, k_max: int | None = None,
@@ -60,7 +44,7 @@ def vllm_config(spec: StrategySpec, pair: PairSpec, max_batch: int, *, k_max: in
     """{"supported": True, "config": {...}} or {"supported": False, "notes": [...]}. `k_max` and `fit`
     (a run directory or fit/models.json) are what an online length policy runs with
     (`speculative_config_for`); the config then carries the online scheduler's settings."""
-    from autospec.engines.vllm_engine import speculative_config_for
+    from autospec.serving.vllm.engine import speculative_config_for
 
     form, rows = vllm_form(spec, max_batch)
     try:
@@ -79,7 +63,7 @@ def run_fit(deploy_dir: Path) -> Path | None:
 def online_payload(name: str, cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The deploy file for an online strategy: vLLM's speculative config plus how to start the
     scheduler that runs the policy (module docstring)."""
-    from autospec.engines.vllm_engine import launch_parts
+    from autospec.serving.vllm.engine import launch_parts
 
     parts = launch_parts(cfg)
     return {"supported": True, "strategy": name, **parts, "notes": notes}
@@ -95,7 +79,7 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
     `k_max` and `fit` are what an online length policy (gp-lcb, smartspec) runs with; `fit` defaults to
     the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max."""
     from autospec.artifacts import write_text
-    from autospec.engines.vllm_engine import ONLINE_KEY, launch_parts, validate_speculative_config, vllm_available
+    from autospec.serving.vllm.engine import ONLINE_KEY, launch_parts, validate_speculative_config, vllm_available
 
     if fit is None:
         fit = run_fit(deploy_dir)
@@ -146,7 +130,7 @@ def _readme(spec: StrategySpec, pair: PairSpec, max_batch: int, result: dict[str
     lines = [f"# Deploy: {spec.name}", "", spec.strategy.description, "",
              f"- autospec: `autospec evaluate --strategies {STRATEGY_FILE} ...` (torch or sim engine)"]
     if result["supported"]:
-        from autospec.engines.vllm_engine import launch_parts
+        from autospec.serving.vllm.engine import launch_parts
 
         parts = launch_parts(result["config"])
         cfg = json.dumps(parts["speculative_config"])

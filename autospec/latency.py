@@ -1,6 +1,6 @@
 """Latency models that model-based policies consult, and the least-squares fits that produce them.
 
-Two families, both from the papers the policies come from (docs: POLICIES.md §2 and §4):
+Two families, both from the papers the policies come from (docs/policies.md §2 and §4):
 
 * AdaSpec's linear forward-pass model T_fwd(N_c, N_b) = α·N_c + γ·N_b + δ, one coefficient set per
   model (draft, target). `LinearLatencyModel` implements the contract's `LatencyModel` protocol.

@@ -1,4 +1,4 @@
-"""`autospec run`: the stages in one go on a run config (DESIGN.md, "The pipeline").
+"""`autospec run`: the stages in one go on a run config (docs/architecture.md, "Stages").
 
 profile → fit → tune → evaluate → report, each the same function its own command calls, into one run
 directory:
@@ -35,14 +35,13 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
     from autospec.evaluate import EvaluateSpec, run_evaluate
     from autospec.fit import fit_profile, write_fit
     from autospec.profile import ProfileSettings, profile_pair
-    from autospec.serving.metrics import Slo
     from autospec.tune import TuneSpec, run_tune
 
     out_dir = Path(out_dir)
     stages = [s for s in spec.stages if s != "generate"]
     if not spec.workload.is_file() and {"tune", "evaluate"} & set(stages):
         raise InputError("no such workload file", path=spec.workload, field="workload")
-    slo = Slo(ttft_s=spec.slo.ttft_s, tpot_s=spec.slo.tpot_s)
+    slo = spec.slo  # the [slo] table (default: config.SloSpec's, the default of evaluate and tune too)
     done: dict[str, Any] = {"stages": {}}
     timer = time.perf_counter
 

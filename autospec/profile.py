@@ -1,4 +1,4 @@
-"""`autospec profile`: measure an engine's step costs and record acceptance traces (DESIGN.md, stage 1).
+"""`autospec profile`: measure an engine's step costs and record acceptance traces (docs/architecture.md, "Stages").
 
 Two records come out of a profile, both as parquet under `DIR/profile/`:
 
@@ -11,7 +11,7 @@ Two records come out of a profile, both as parquet under `DIR/profile/`:
   Live requests grow as verify commits tokens, so each row's `context` is the mean context the calls
   really had (requests are re-added at the nominal context for every tokens-per-request value). The
   median (not the mean) is kept because a shared VM has heavy-tailed noise.
-* `acceptance.parquet` — acceptance traces that let the simulator replay SD exactly at T=0 (DESIGN.md,
+* `acceptance.parquet` — acceptance traces that let the simulator replay SD exactly at T=0 (docs/architecture.md,
   "sim"). For each prompt the target's greedy continuation `out` is generated; at every position t the
   draft's greedy chain of K_max tokens from prompt + out[:t] is recorded with its confidences,
   entropies, KL(target‖draft) per chain position, the T=1 acceptance probability of each chain token
@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
 from autospec import artifacts
 from autospec.artifacts import write_parquet
+# the profile's records (re-exported: callers import them from here)
+from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, ProfileSettings, latency_grid, mad
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
 
@@ -43,36 +44,6 @@ if TYPE_CHECKING:  # torch is imported where it is used: `fit` and the simulator
     import torch
 
     from autospec.engines.torch_engine import TorchSDEngine
-
-LATENCY_COLUMNS = ["model", "phase", "batch", "tokens", "context", "sm_split", "median_s", "mad_s", "repeats"]
-ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_len", "chain_tokens",
-                      "confidences", "entropies", "klds", "target_probs", "accept_probs"]
-
-
-class ProfileSettings(BaseModel):
-    """The measurement grid and trace sizes; stored in profile.json so a fit knows what was measured."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    k_max: int = Field(8, ge=1, le=32)
-    batches: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
-    contexts: list[int] = Field(default_factory=lambda: [64, 256, 512, 1024])
-    prefill_tokens: list[int] = Field(default_factory=lambda: [32, 128, 256, 512])
-    repeats: int = Field(7, ge=1)
-    warmup: int = Field(2, ge=0)
-    prompts_per_domain: int = Field(16, ge=1)
-    trace_tokens: int = Field(128, ge=2)  # positions per acceptance trace (the target generates K_max more)
-    max_prompt_tokens: int = Field(256, ge=1)  # longer prompts keep their last tokens
-    seed: int = 0
-    # draft SM shares r to time decode shapes at (CUDA green contexts; the r axis of FASER's models);
-    # empty = no split, sm_split NaN in latency.parquet
-    sm_splits: list[float] = Field(default_factory=list)
-
-    @classmethod
-    def quick(cls, k_max: int = 8) -> "ProfileSettings":
-        """A grid small enough for a 2-core CPU in well under three minutes."""
-        return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256, 512],
-                   repeats=5, warmup=2, prompts_per_domain=6, trace_tokens=48, max_prompt_tokens=128)
 
 
 @dataclass(frozen=True)
@@ -85,26 +56,6 @@ class EncodedPrompt:
 Progress = Callable[[str, int], None]  # (task name, units done) — the CLI wires this to rich
 
 
-def _mad(values: Sequence[float]) -> float:
-    v = np.asarray(values, float)
-    return float(np.median(np.abs(v - np.median(v))))
-
-
-def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, int]]:
-    """(model, phase, batch, tokens, context) for every shape to time, in measuring order."""
-    shapes = []
-    for _ in settings.sm_splits or [None]:
-        for context in settings.contexts:
-            for batch in settings.batches:
-                for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
-                    shapes.append(("target", "decode", batch, tokens, context))
-                shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
-    for tokens in settings.prefill_tokens:
-        for model in ("target", "draft"):
-            shapes.append((model, "prefill", 1, tokens, 0))
-    return shapes
-
-
 def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
                     advance: Callable[[int], None] | None = None) -> pd.DataFrame:
     """Time every grid shape (median and MAD over `repeats` after `warmup`): decode shapes through the
@@ -115,7 +66,7 @@ def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
     def row(model: str, phase: str, batch: int, tokens: int, context: float, times: Sequence[float]) -> None:
         rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens,
                      "context": int(round(context)), "sm_split": split, "median_s": float(np.median(times)),
-                     "mad_s": _mad(times), "repeats": settings.repeats})
+                     "mad_s": mad(times), "repeats": settings.repeats})
 
     rng = np.random.default_rng(settings.seed)
     for r in settings.sm_splits or [None]:
@@ -138,7 +89,7 @@ def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
         for model in ("target", "draft"):
             times = engine.time_forward(model, 1, tokens, 0, repeats=settings.repeats, warmup=settings.warmup)
             rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
-                         "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": _mad(times),
+                         "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": mad(times),
                          "repeats": len(times)})
             if advance is not None:
                 advance(1)
@@ -329,7 +280,7 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
                 latency_units: int | None = None) -> ProfileResult:
     """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback.
     `latency_from(settings, advance)` measures the latency rows on another engine instead (vLLM:
-    `autospec.engines.vllm_engine.profile_latency`); the acceptance traces still come from `engine`,
+    `autospec.serving.vllm.engine.profile_latency`); the acceptance traces still come from `engine`,
     which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm);
     `latency_units` is its progress total (default: the latency grid's size)."""
     if not prompts:
@@ -413,7 +364,7 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
 
     latency_from = latency_units = None
     if engine_kind == "vllm":
-        from autospec.engines import vllm_engine
+        from autospec.serving.vllm import engine as vllm_engine
 
         vllm_engine.require_vllm()
         latency_from = functools.partial(vllm_engine.profile_latency, pair.target, pair.draft)

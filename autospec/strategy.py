@@ -1,5 +1,5 @@
-"""Strategies: presets (TOML) → validated `StrategySpec` → built `Strategy` (DESIGN.md, "A strategy is
-four parts").
+"""Strategies: presets (TOML) → validated `StrategySpec` → built `Strategy` (docs/architecture.md,
+"Strategies").
 
 A preset file (policies/<name>.toml at the repo root, shipped as package data under autospec/presets):
 
@@ -64,7 +64,7 @@ class PolicySection(BaseModel):
 
 
 class ExecutionSpec(_Strict):
-    """FASER execution knobs (POLICIES.md §4). 0 turns a feature off (TOML has no null)."""
+    """FASER execution knobs (docs/policies.md §4). 0 turns a feature off (TOML has no null)."""
 
     sm_split: float = Field(0.0, ge=0.0, lt=1.0)  # draft's share r of the SMs; 0 = no split
     # frontier-overlap chunk s_c; 0 = no overlap; "auto" = FASER's condition on the fitted models each
@@ -267,12 +267,7 @@ def spec_from_dict(data: Mapping[str, Any], path: str | Path | None = None) -> S
     try:
         return StrategySpec.model_validate(dict(data))
     except ValidationError as err:
-        first = err.errors()[0]
-        cause = (first.get("ctx") or {}).get("error")
-        if isinstance(cause, SpecFieldError):
-            raise InputError(cause.problem, path=path, field=cause.field) from None
-        loc = ".".join(str(p) for p in first["loc"])
-        raise InputError(first["msg"], path=path, field=loc or None) from None
+        raise InputError.from_validation(err, path) from None  # a SpecFieldError names its own field
 
 
 def load_preset(name_or_path: str | Path) -> StrategySpec:

@@ -20,8 +20,10 @@ Objectives:
   tenth of the workload.
 * `multi`: maximise throughput and minimise p99 TPOT with NSGA-II, seeded; the Pareto front is written.
 
-Every trial replays the workload on the simulator (`autospec.engines.sim`) calibrated by the profile's
-fit, so a trial costs a fraction of a second to a few seconds. `confirm_top N` re-runs the best N
+Every trial replays the workload on the simulator calibrated by the profile's fit — the replay
+`autospec evaluate --engine sim` runs (`autospec.evaluate.open_sim_replay`: same engine, step
+structure, requests, settings and SLO check), so a trial's metrics are what evaluate reports for that
+strategy — and costs a fraction of a second to a few seconds. `confirm_top N` re-runs the best N
 distinct configurations on the real torch engine (and records both numbers side by side).
 
 Storage: an SQLite file in the run directory (`tune/study.db`) by default; any Optuna RDB URL
@@ -55,10 +57,11 @@ from typing import Any, Callable, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
+from autospec.config import SCHEMA_VERSION, PairSpec
 from autospec.errors import InputError
-from autospec.evaluate import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, HEADLINE
-from autospec.serving.metrics import Slo, compute_metrics
+from autospec.evaluate import HEADLINE
+from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
+from autospec.serving.replay import Replay
 from autospec.strategy import (SearchRange, StrategySpec, apply_overrides, list_presets, load_preset,
                                search_space, spec_to_toml)
 
@@ -78,7 +81,7 @@ class TuneSpec(BaseModel):
     storage: str | None = None  # default: sqlite:///<out>/tune/study.db
     study_name: str | None = None  # default: derived from the settings (see the module docstring)
     objective: Literal["goodput", "multi"] = "goodput"
-    slo: Slo = Slo(ttft_s=DEFAULT_SLO_TTFT_S, tpot_s=DEFAULT_SLO_TPOT_S)
+    slo: Slo = Slo()  # config.SloSpec's default, as evaluate and run
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)  # [chosen] 90% of requests within the SLO
     strategies: list[str] | None = None  # candidates; None = the bundled presets (module docstring)
     confirm_top: int = Field(0, ge=0)
@@ -173,50 +176,28 @@ def default_trials(specs: dict[str, StrategySpec], sm_split_axis: bool) -> list[
 # --- one trial on the simulator ------------------------------------------------------------------------
 
 
-class SimReplay:
-    """The workload's requests and a simulator calibrated by the profile, loaded once per tune."""
+def open_replay(spec: TuneSpec) -> Replay:
+    """The workload on the simulator of --profile, loaded once per tune: exactly the replay
+    `autospec evaluate --engine sim` runs (K_max None = the profile's)."""
+    from autospec.evaluate import open_sim_replay
+    from autospec.workloads.spec import load_workload
 
-    def __init__(self, spec: TuneSpec):
-        from autospec.engines.sim import SimEngine
-        from autospec.fit import load_fit
-        from autospec.serving.loop import ServeRequest, SyntheticPrompt
-        from autospec.workloads.spec import load_workload
+    return open_sim_replay(spec.profile, load_workload(spec.workload), k_max=spec.k_max, seed=spec.seed,
+                           slo=spec.slo, max_batch=spec.max_batch)
 
-        if not (spec.profile / "profile").is_dir():
-            raise InputError("not a profiled run directory (no profile/ inside; run `autospec profile` first)",
-                             path=spec.profile)
-        self.trace = load_workload(spec.workload)
-        self.base = SimEngine.from_dirs(spec.profile, k_max=spec.k_max, seed=spec.seed)
-        self.k_max = self.base.k_max
-        fit_file = spec.profile / "fit" / "models.json"
-        fit = load_fit(spec.profile) if fit_file.is_file() else None
-        self.latency_model = fit.latency_model if fit is not None else self.base.latency_model
-        # FASER's piecewise models: chunk_size = "auto" and the sim's overlapped frontier timing
-        self.faser = fit.faser if fit is not None else None
-        vocab = getattr(self.base, "vocab_size", 1)
-        self.requests = [ServeRequest(r.req_id, r.arrival_s, SyntheticPrompt(r.prompt_len, vocab, r.req_id),
-                                      r.output_len, r.domain) for r in self.trace.requests()]
-        self.spec = spec
 
-    def run(self, strategy: StrategySpec, on_finish: Callable | None = None) -> dict[str, Any]:
-        from autospec.engines.sim import SimEngine
-        from autospec.serving.loop import serve
-        from autospec.serving.step import StepSettings
-        from autospec.strategy import build_strategy
-
-        engine = SimEngine(self.base.traces, self.base.costs, k_max=self.k_max, seed=self.spec.seed)
-        settings = StepSettings(k_max=self.k_max, latency_model=self.latency_model, faser=self.faser,
-                                slo_tpot_s=self.spec.slo.tpot_s, sm_split=strategy.execution.sm_split or None)
-        records = serve(engine, build_strategy(strategy), self.requests, max_batch=self.spec.max_batch,
-                        settings=settings, on_finish=on_finish)
-        return compute_metrics(records.requests_frame(), records.steps_frame(), self.spec.slo)
+def run_trial(spec: TuneSpec, replay: Replay, strategy: StrategySpec,
+              on_finish: Callable | None = None) -> dict[str, Any]:
+    """One trial's metrics: the workload served once under `strategy` with the study's seed."""
+    records = replay.run(strategy, spec.seed, on_finish=on_finish)
+    return compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo)
 
 
 class GoodputSoFar:
     """Pruning signal: goodput of the requests finished so far, reported at every tenth of the workload."""
 
-    def __init__(self, trial, replay: SimReplay):
-        self.trial, self.slo, self.n = trial, replay.spec.slo, len(replay.requests)
+    def __init__(self, trial, replay: Replay):
+        self.trial, self.slo, self.n = trial, replay.slo, len(replay.requests)
         self.first_arrival = min((r.arrival_s for r in replay.requests), default=0.0)
         self.finished = self.met = 0
         self.next_report = 1
@@ -225,10 +206,9 @@ class GoodputSoFar:
         import optuna
 
         self.finished += 1
-        ttft = record.first_token_s - record.arrival_s
-        tpot = ((record.finish_s - record.first_token_s) / (record.max_tokens - 1)
-                if record.max_tokens > 1 else 0.0)
-        self.met += ttft <= self.slo.ttft_s and tpot <= self.slo.tpot_s
+        # a finished request has generated its max_tokens (the simulator knows no EOS)
+        ttft, tpot, _ = latencies(record.arrival_s, record.first_token_s, record.finish_s, record.max_tokens)
+        self.met += bool(meets_slo(ttft, tpot, self.slo))
         if self.finished * CHECKPOINTS >= self.next_report * self.n and self.next_report < CHECKPOINTS:
             elapsed = max(record.finish_s - self.first_arrival, 1e-9)
             self.trial.report(self.met / elapsed, self.next_report)
@@ -314,7 +294,7 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
     from optuna.trial import TrialState
 
     specs = candidate_specs(spec.strategies)
-    replay = SimReplay(spec)  # bad workload/profile: fails here, before the study is created
+    replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
     sm_axis = profile_has_sm_split(spec.profile)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -327,7 +307,7 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
         strategy = sample_strategy(trial, specs, sm_axis)
         trial.set_user_attr("spec", strategy.model_dump(mode="json"))
         hook = GoodputSoFar(trial, replay) if spec.objective == "goodput" and spec.prune else None
-        metrics = replay.run(strategy, on_finish=hook)
+        metrics = run_trial(spec, replay, strategy, on_finish=hook)
         for key in HEADLINE:
             value = metrics.get(key)
             if value is not None and key != "speedup_vs_no_sd":
@@ -385,7 +365,7 @@ def ranked_trials(study, spec: TuneSpec) -> list:
                                        else _constraints(t)[0]))
 
 
-def write_results(spec: TuneSpec, out_dir: Path, study, replay: SimReplay,
+def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
                   budget: dict[str, Any] | None = None) -> dict[str, Any]:
     from autospec.artifacts import write_json, write_parquet, write_text
     from autospec.deploy import write_deploy
@@ -487,19 +467,16 @@ def _shared_params(study) -> list[str]:
     return sorted(common - {"strategy"})
 
 
-def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: SimReplay) -> list[dict[str, Any]]:
+def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> list[dict[str, Any]]:
     """Re-run the best `confirm_top` distinct configurations on the torch engine (the bundled pair or
-    --target/--draft) and put the real metrics next to the simulated ones."""
-    from autospec.evaluate import _torch_prompts
-    from autospec.generate import build_engine
-    from autospec.serving.loop import ServeRequest, serve
-    from autospec.serving.step import StepSettings
-    from autospec.strategy import build_strategy
+    --target/--draft; `autospec.evaluate.open_torch_replay`, as `evaluate --engine torch`) with the
+    trials' K_max, latency model and SLO, and put the real metrics next to the simulated ones."""
+    from autospec.evaluate import open_torch_replay
+    from autospec.workloads.spec import load_workload
 
-    engine = build_engine(spec.pair, EngineSpec(k_max=replay.k_max, seed=spec.seed), 0.0)
-    prompts = _torch_prompts(replay.trace, engine, spec.pair)
-    requests = [ServeRequest(r.req_id, r.arrival_s, p, r.max_tokens, r.domain)
-                for r, p in zip(replay.requests, prompts)]
+    real_replay = open_torch_replay(load_workload(spec.workload), spec.pair, [], profile=spec.profile,
+                                    k_max=replay.k_max, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
+                                    latency_model=replay.latency_model)
     seen: set[str] = set()
     out = []
     for trial in ranked:
@@ -507,11 +484,7 @@ def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: SimReplay) -> l
         if key in seen:
             continue
         seen.add(key)
-        strategy = StrategySpec.model_validate(trial.user_attrs["spec"])
-        settings = StepSettings(k_max=replay.k_max, latency_model=replay.latency_model, faser=replay.faser,
-                                slo_tpot_s=spec.slo.tpot_s)
-        records = serve(engine, build_strategy(strategy), requests, max_batch=spec.max_batch, settings=settings)
-        real = compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo)
+        real = run_trial(spec, real_replay, StrategySpec.model_validate(trial.user_attrs["spec"]))
         out.append({"number": trial.number, "strategy": trial.params["strategy"],
                     "sim": {k: trial.user_attrs.get(k) for k in ("goodput", "throughput_tok_s", "tpot_mean",
                                                                 "tpot_p99", "slo_attainment")},
@@ -526,6 +499,5 @@ def spec_from_flags(**flags: Any) -> TuneSpec:
     try:
         return TuneSpec.model_validate(flags)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(first["msg"], field=".".join(str(p) for p in first["loc"])) from None
+        raise InputError.from_validation(exc) from None
 

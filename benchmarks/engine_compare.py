@@ -81,7 +81,7 @@ def torch_cells(ids, batches, ks, max_tokens, repeats, threads) -> tuple[list[di
 
 
 def vllm_cells(ids, batches, ks, max_tokens, repeats) -> tuple[list[dict], dict]:
-    from autospec.engines.vllm_engine import (close_llm, engine_kwargs, generate_tokens, make_llm, read_step_log,
+    from autospec.serving.vllm.engine import (close_llm, engine_kwargs, generate_tokens, make_llm, read_step_log,
                                               speculative_config_for)
     from autospec.generate import strategy_spec
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET

@@ -8,7 +8,7 @@ bf16), built on the GPU with CompactLlama.random. For every r in the pool the dr
 context holding r of the SMs and the target in one holding 1 − r (autospec/engines/sm_split.py):
 
 1. latency grid: draft one-token passes and target (K+1)-token passes, batch 1–64, K 2–8, one context;
-   median of repeats, CUDA-synchronized perf_counter timing (DESIGN.md "Measurement rules");
+   median of repeats, CUDA-synchronized perf_counter timing (docs/architecture.md, "Measurement rules");
 2. fits: FASER piecewise models (autospec/fit.py `fit_latency`, knee grid-searched over r), held-out
    MAPE for draft and target (paper: target 6–8 %, draft 16–17 %, all < 18 %);
 3. overlap: random weights accept nothing, so the protocol's steady state is measured directly — per

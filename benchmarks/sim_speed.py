@@ -10,6 +10,10 @@ temporary folder first (not timed). The workload is chat-like: Poisson arrivals,
 the chosen batch size, measured by a short saturated replay on the simulator itself (not timed), so batches
 stay nearly full without an unbounded queue. The replay is timed --repeats times (fresh engine and
 strategy each time); wall_s is the median, as a shared machine's timings swing.
+
+The replay is set up as `autospec evaluate --engine sim` and every `autospec tune` trial set it up
+(`autospec.evaluate.open_sim_replay`: the same engine, requests and step settings), so what is timed is
+the simulator those commands run.
 """
 
 from __future__ import annotations
@@ -43,25 +47,27 @@ def ensure_profile(run: Path | None) -> tuple[Path, float | None]:
     return tmp, time.perf_counter() - t0
 
 
+def chat_trace(n: int, rng: np.random.Generator, arrivals: np.ndarray | None = None):
+    """n chat requests, lognormal prompt and output lengths; all at t=0 unless `arrivals` is given."""
+    from autospec.workloads.synthetic import lognormal_lengths
+    from autospec.workloads.trace import Trace
+
+    prompt_len = lognormal_lengths(MEAN_PROMPT, n, rng)
+    output_len = lognormal_lengths(MEAN_OUTPUT, n, rng)
+    return Trace.from_arrays(np.zeros(n) if arrivals is None else arrivals, prompt_len, output_len, "chat")
+
+
 def capacity_rate(run: Path, batch: int, seed: int) -> float:
     """Requests/s the simulated engine sustains at `batch` under the strategy: a saturated replay of
     CALIBRATION requests (all arriving at t=0, same length distributions) on a fresh engine, timed on the
     simulated clock. Measured rather than computed from the cost model, so the benchmark's load is
     below capacity by construction (an overloaded replay times a growing queue, not the simulator)."""
-    from autospec.engines.sim import SimEngine
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
-    from autospec.serving.step import StepSettings
-    from autospec.strategy import build_strategy, load_preset
-    from autospec.workloads.synthetic import lognormal_lengths
+    from autospec.evaluate import open_sim_replay
+    from autospec.strategy import load_preset
 
-    engine = SimEngine.from_dirs(run, seed=seed + 1)
-    rng = np.random.default_rng(seed + 1)
-    prompt_len = lognormal_lengths(MEAN_PROMPT, CALIBRATION, rng)
-    output_len = lognormal_lengths(MEAN_OUTPUT, CALIBRATION, rng)
-    requests = [ServeRequest(i, 0.0, SyntheticPrompt(int(p), 4096, i), int(o), "chat")
-                for i, (p, o) in enumerate(zip(prompt_len, output_len))]
-    records = serve(engine, build_strategy(load_preset(STRATEGY)), requests, max_batch=batch,
-                    settings=StepSettings(k_max=engine.k_max, latency_model=engine.latency_model))
+    trace = chat_trace(CALIBRATION, np.random.default_rng(seed + 1))
+    replay = open_sim_replay(run, trace, seed=seed + 1, max_batch=batch)
+    records = replay.run(load_preset(STRATEGY), seed + 1)
     # the tail (batch draining) under-uses the slots: count requests finished while the batch was full
     finish = np.sort([r.finish_s for r in records.requests])
     steady = finish[: CALIBRATION - batch]
@@ -78,32 +84,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
     args = ap.parse_args()
 
-    from autospec.engines.sim import SimEngine
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
-    from autospec.serving.step import StepSettings
+    from autospec.evaluate import open_sim_replay
+    from autospec.serving.loop import serve
     from autospec.strategy import build_strategy, load_preset
-    from autospec.workloads.synthetic import lognormal_lengths
 
     run, profile_s = ensure_profile(args.run)
-    t0 = time.perf_counter()
-    engine = SimEngine.from_dirs(run, seed=args.seed)
-    load_s = time.perf_counter() - t0
     rng = np.random.default_rng(args.seed)
     n = args.requests
     rate = LOAD * capacity_rate(run, args.batch, args.seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    prompt_len = lognormal_lengths(MEAN_PROMPT, n, rng)
-    output_len = lognormal_lengths(MEAN_OUTPUT, n, rng)
-    requests = [ServeRequest(i, float(a), SyntheticPrompt(int(p), 4096, i), int(o), "chat")
-                for i, (a, p, o) in enumerate(zip(arrivals, prompt_len, output_len))]
-    settings = StepSettings(k_max=engine.k_max, latency_model=engine.latency_model)
+    trace = chat_trace(n, rng, arrivals=np.cumsum(rng.exponential(1.0 / rate, n)))
+    prompt_len, output_len = trace.column("prompt_len"), trace.column("output_len")
+    t0 = time.perf_counter()
+    replay = open_sim_replay(run, trace, seed=args.seed, max_batch=args.batch)
+    load_s = time.perf_counter() - t0
+    spec = load_preset(STRATEGY)
+    settings = replay.settings(spec)
     walls = []
-    for repeat in range(args.repeats):  # the same replay on a fresh engine and strategy each time
-        if repeat:
-            engine = SimEngine.from_dirs(run, seed=args.seed)
-        strategy = build_strategy(load_preset(STRATEGY))
+    for _ in range(args.repeats):  # the same replay on a fresh engine and strategy each time
+        engine, strategy = replay.engine_for(args.seed), build_strategy(spec)
         t0 = time.perf_counter()
-        records = serve(engine, strategy, requests, max_batch=args.batch, settings=settings)
+        records = serve(engine, strategy, replay.requests, max_batch=args.batch, settings=settings)
         walls.append(time.perf_counter() - t0)
     wall = float(np.median(walls))
     steps = len(records.steps.batch)

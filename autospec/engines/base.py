@@ -1,4 +1,4 @@
-"""The Engine contract every engine (torch, vllm, sim) implements; see DESIGN.md.
+"""The Engine contract every engine (torch, vllm, sim) implements; see docs/architecture.md.
 
 The serving loop drives an engine with a handful of calls: `add` (prefill, returns the first token),
 `draft` (one more draft token for each of some requests), `verify` (run the target over a per-request

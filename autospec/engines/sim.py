@@ -1,5 +1,5 @@
 """The simulator: an Engine whose clock comes from the fitted latency model and whose acceptance comes
-from recorded acceptance traces (DESIGN.md, "sim").
+from recorded acceptance traces (docs/architecture.md, "sim").
 
 Binding. Each request replays one acceptance trace of its domain (`GenRequest.domain`; an empty or
 unprofiled domain draws from every trace). The choice is a seeded hash of the request's stable
@@ -18,7 +18,7 @@ ids are a stand-in (the simulator models counts and time, not T>0 text).
 Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
 with `fused_prefill` (a simulator calibrated from a vLLM profile) only their per-token costs while
 requests are running — vLLM runs a step's prefills inside that step's target and draft passes, whose
-fixed costs the step already pays (DESIGN.md, "sim"; the serving loop then starts the new requests'
+fixed costs the step already pays (docs/architecture.md, "sim"; the serving loop then starts the new requests'
 decoding in the next step, as vLLM does) — and no draft prefill for an engine serving without SD;
 each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
 the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 from collections import abc
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -169,19 +168,12 @@ class _SimRequest:
         self.room -= committed
 
 
-def profiled_engine(run_dir: Path) -> str:
-    """The engine a run directory's profile measured ("torch" when profile.json does not say)."""
-    import json
-
-    try:
-        meta = json.loads((Path(run_dir) / "profile" / "profile.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "torch"
-    return str(meta.get("engine") or "torch")
-
-
 class SimEngine:
-    """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`."""
+    """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
+
+    It takes fitted data — the traces and the clock's costs — and reads no run directory:
+    `autospec.fit.FittedSimEngine.from_dirs` builds one from profile/ and fit/ (fitting in memory when
+    fit/ is absent), because engines never import a stage (tests/test_layers.py)."""
 
     def __init__(self, traces: AcceptanceTraces, costs: SimCosts, *, k_max: int | None = None,
                  temperature: float = 0.0, seed: int = 0, fused_prefill: bool = False):
@@ -215,35 +207,6 @@ class SimEngine:
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
         self._speculative = True
-
-    # ------------------------------------------------------------------ construction
-    @classmethod
-    def from_dirs(cls, run_dir: str | Path, fit_dir: str | Path | None = None, *, k_max: int | None = None,
-                  temperature: float = 0.0, seed: int = 0) -> "SimEngine":
-        """A simulator from a run directory holding profile/ (and fit/; fitted in memory when absent).
-
-        `run_dir` may also be the profile folder itself."""
-        from autospec.fit import FitResult, fit_profile, load_fit
-        from autospec.profile import ACCEPTANCE_COLUMNS, read_parquet
-
-        root = Path(run_dir)
-        if root.name == "profile" and (root / "acceptance.parquet").exists():
-            root = root.parent
-        if not (root / "profile").is_dir():
-            raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=root / "profile")
-        fit_path = Path(fit_dir) if fit_dir is not None else root / "fit"
-        if fit_dir is not None or (fit_path / "models.json").is_file():
-            fit = load_fit(fit_path)
-        else:
-            fit = FitResult(fit_profile(root))
-        models = fit.models
-        frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
-        costs = SimCosts(fit.latency_model,
-                         (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
-                         (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
-                         clock=fit.clock_model, plain_target=fit.plain_target_clock)
-        return cls(AcceptanceTraces(frame, models.k_max), costs, k_max=k_max, temperature=temperature, seed=seed,
-                   fused_prefill=profiled_engine(root) == "vllm")
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:

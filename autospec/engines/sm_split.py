@@ -1,4 +1,4 @@
-"""SM partitioning between draft and target with CUDA green contexts (FASER §4; POLICIES.md §4).
+"""SM partitioning between draft and target with CUDA green contexts (FASER §4; docs/policies.md §4).
 
 The draft gets r of the GPU's SMs and the target 1 − r, each in its own green context with its own
 stream, so a draft pass and a target pass can run at the same time without fighting for SMs. A pool

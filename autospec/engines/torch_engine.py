@@ -13,7 +13,7 @@ token-identical to plain greedy decoding); at T>0 it is kept with probability mi
 resamples from norm(max(0, p - q)) (Leviathan et al. 2023; Chen et al. 2023), with the bonus token from
 the target after a fully accepted block.
 
-FASER's execution mechanisms (POLICIES.md §4), each lossless by the same argument:
+FASER's execution mechanisms (docs/policies.md §4), each lossless by the same argument:
   early exit    `verify` cuts drafts out of the target's remaining layers (`_early_exit_hook`); the
                 position before the first cut draft runs to full depth, so that draft is tested
                 normally; if it is accepted the step ends without a bonus token (d_a becomes
@@ -510,7 +510,7 @@ class TorchSDEngine:
 
     def _early_exit_hook(self, tokens: torch.Tensor, kept: list[int], reqs: list[_Request], verify_n: list[int],
                          spent_ns: list[int]) -> Callable[[int, torch.Tensor], int | None]:
-        """FASER token-wise early exit (§4.2, POLICIES.md §4) as a CompactLlama layer hook.
+        """FASER token-wise early exit (§4.2, docs/policies.md §4) as a CompactLlama layer hook.
 
         After each layer ℓ in [L_init, L − 2] the hidden state at feed position j (it predicts draft
         d_{j+1}) goes through the final norm + LM head; d_{j+1} is flagged when at least K_ℓ entries

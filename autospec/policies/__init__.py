@@ -1,4 +1,4 @@
-"""Length, verify and schedule policies (DESIGN.md "The contract between engines, loop and policies").
+"""Length, verify and schedule policies (docs/architecture.md, "The contract between engines, loop and policies").
 
 Importing this package registers every built-in policy; `build_length/verify/schedule(name, **params)`
 construct one by registry name. Policies never import engines.

@@ -1,5 +1,5 @@
 """AdaEDL: early draft stopping from an entropy lower bound on acceptance (Agrawal et al. 2024;
-POLICIES.md §8).
+docs/policies.md §8).
 
 1 − sqrt(γ·H(q_j)) lower-bounds the acceptance probability of the token drafted from q_j; drafting
 stops when it drops below λ. λ adapts each round toward a target acceptance:

@@ -1,4 +1,4 @@
-"""AdaSpec (Huang et al., SoCC'25): goodput-driven drafter and confidence-prior verifier (POLICIES.md §2).
+"""AdaSpec (Huang et al., SoCC'25): goodput-driven drafter and confidence-prior verifier (docs/policies.md §2).
 
 * `goodput` — Alg. 3: G(k) = Σ_i Σ_{j=0..k_i} AR_ij / T_sd(k), AR_i0 = 1, AR_ij = Π_{l<=j} c_il;
   G = −1 when an SLO TPOT is set and T_sd > TPOT.

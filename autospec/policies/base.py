@@ -1,6 +1,6 @@
 """Policy protocols, the schedule decision type, parameter models and the policy registries.
 
-A strategy is a length policy, a verify policy and a schedule policy (DESIGN.md, "The contract between
+A strategy is a length policy, a verify policy and a schedule policy (docs/architecture.md, "The contract between
 engines, loop and policies"). Each is a small class chosen by name from a registry and configured from
 TOML through its `Params` pydantic model, so a preset file, a CLI flag and an Optuna trial are validated
 the same way. Policies see read-only snapshots (autospec/contract.py) and return numbers; they never
@@ -257,9 +257,7 @@ def build_policy(kind: str, name: str, **params: Any) -> Policy:
     try:
         return cls(**params)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise InputError(first["msg"], field=f"{kind}.{loc}" if loc else kind) from None
+        raise InputError.from_validation(err, prefix=kind) from None
 
 
 def build_length(name: str, **params: Any) -> LengthPolicy:

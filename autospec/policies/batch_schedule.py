@@ -1,4 +1,4 @@
-"""Draft length by batch size: the per-batch-size K schedule vLLM deploys (POLICIES.md §1, static K
+"""Draft length by batch size: the per-batch-size K schedule vLLM deploys (docs/policies.md §1, static K
 generalised; vLLM's `num_speculative_tokens_per_batch_size`).
 
 The batch sizes are split into buckets by `edges` (each bucket's smallest batch size; the first is 1,

@@ -1,4 +1,4 @@
-"""DSDE: dynamic speculative decoding from KL-divergence stability (Yang et al.; POLICIES.md §5).
+"""DSDE: dynamic speculative decoding from KL-divergence stability (Yang et al.; docs/policies.md §5).
 
 Per request, the recent KL(p_target ‖ p_draft) values at verified positions decide the next draft
 length: a stable, low divergence drafts long, a volatile or high one drafts short. A batch cap keeps

@@ -1,4 +1,4 @@
-"""DSpark prefix scheduler (Cheng et al., DeepSeek; POLICIES.md §6) — verify policies.
+"""DSpark prefix scheduler (Cheng et al., DeepSeek; docs/policies.md §6) — verify policies.
 
 The verify budget is spent on the draft tokens most likely to survive: a_rj = Π_{i<=j} c_ri of
 request r's first j tokens (c calibrated with STS, autospec.policies.sts). Throughput of verifying B

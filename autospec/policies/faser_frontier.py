@@ -1,4 +1,4 @@
-"""FASER frontier overlap (§4.3; POLICIES.md §4): the chunk size s_c — pure functions.
+"""FASER frontier overlap (§4.3; docs/policies.md §4): the chunk size s_c — pure functions.
 
 The draft drafts chunk c+1 while the target verifies chunk c (the engine runs the protocol:
 `TorchSDEngine.frontier_step`, `SimEngine.frontier_step`). The chunk is the largest s_c in 1..s with

@@ -1,4 +1,4 @@
-"""First come, first served (the serving default; POLICIES.md §7 baseline).
+"""First come, first served (the serving default; docs/policies.md §7 baseline).
 
 Running requests keep their slots; free slots go to waiting requests in arrival order. Never preempts.
 """

@@ -1,4 +1,4 @@
-"""GP-LCB adaptive drafter (FASER §4.1; POLICIES.md §3).
+"""GP-LCB adaptive drafter (FASER §4.1; docs/policies.md §3).
 
 The cost per committed token J(s; b, r) = T̂(s; b, r) / (s·â(s; b, r) + ε) (Eq. 1) is learned online
 as a black box: one Gaussian process over s per context (batch-size bucket, SM split r), fitted to a

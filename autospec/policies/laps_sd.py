@@ -1,4 +1,4 @@
-"""LAPS-SD: length- and acceptance-aware preemptive scheduling for SD (Li et al.; POLICIES.md §7).
+"""LAPS-SD: length- and acceptance-aware preemptive scheduling for SD (Li et al.; docs/policies.md §7).
 
 K priority queues over attained service: Q_j holds [S_j^down, S_j^up) with S_j^up = M^(j−1)·S_1^up,
 S_j^down = S_{j−1}^up, S_K^up = ∞. A request arrives non-perceptible (NP) in Q_1 and is demoted as its

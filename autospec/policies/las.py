@@ -1,4 +1,4 @@
-"""Least attained service (LAS), preemptive (POLICIES.md §7 baseline).
+"""Least attained service (LAS), preemptive (docs/policies.md §7 baseline).
 
 Every step the slots go to the requests with the least attained service (RequestView.attained_service_s,
 kept by the serving loop), ties by arrival. Running requests that lose their slot are preempted; the

@@ -1,4 +1,4 @@
-"""Length-predicted shortest job first (LP-SJF; POLICIES.md §7 baseline).
+"""Length-predicted shortest job first (LP-SJF; docs/policies.md §7 baseline).
 
 Requests are ordered by predicted remaining output tokens (prediction − generated), ties by arrival.
 Non-preemptive by default [chosen]: running requests keep their slots and free slots go to the

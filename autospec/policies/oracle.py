@@ -1,4 +1,4 @@
-"""Oracle length policy (POLICIES.md §8; DESIGN.md "sim").
+"""Oracle length policy (docs/policies.md §8; docs/architecture.md, "sim").
 
 Drafts exactly min(m, K_max) tokens, m the true match length at the request's position — every draft
 is accepted and none is wasted. Only the simulator knows m (RequestView.true_match_len); the oracle

@@ -1,4 +1,4 @@
-"""Output-length prediction for length-aware schedulers (LAPS-SD, LP-SJF; POLICIES.md §7).
+"""Output-length prediction for length-aware schedulers (LAPS-SD, LP-SJF; docs/policies.md §7).
 
 LAPS-SD uses a learned predictor; autospec's default is an oracle with noise: the request's true
 output length (in trace replay `max_tokens` is the trace's recorded output length) times a lognormal

@@ -1,5 +1,5 @@
 """SmartSpec (Liu et al. 2024, "Optimizing speculative decoding for serving LLMs using goodput";
-POLICIES.md §8).
+docs/policies.md §8).
 
 One draft length for the whole batch: k* = argmax_{k=0..K} b·(1 − α^(k+1))/(1 − α) / (T_draft(k) +
 T_target(k)), the expected committed tokens of b requests over the step time, with α the running

@@ -1,4 +1,4 @@
-"""Static draft length and plain decoding (POLICIES.md §1).
+"""Static draft length and plain decoding (docs/policies.md §1).
 
 Every request drafts exactly K tokens each step, verify all (with the `all` verify policy). K = 0 is
 plain autoregressive decoding, the speedup denominator; `none` is the same thing without a knob.

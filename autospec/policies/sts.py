@@ -1,4 +1,4 @@
-"""Sequential Temperature Scaling of draft confidences (DSpark §3.2.1; POLICIES.md §6).
+"""Sequential Temperature Scaling of draft confidences (DSpark §3.2.1; docs/policies.md §6).
 
 For draft position k = 1..K the survival "the first k drafts are all accepted" is predicted by
 Π_{i<k} σ(z_i/T_i)·σ(z_k/T_k), z the logit of the draft confidence. T_k is picked from a grid

@@ -1,4 +1,4 @@
-"""Confidence-threshold drafter, the baseline of AdaSpec's evaluation (POLICIES.md §2, authors' code).
+"""Confidence-threshold drafter, the baseline of AdaSpec's evaluation (docs/policies.md §2, authors' code).
 
 Keep drafting while the batch's mean confidence of the latest draft token is at least the threshold,
 up to `max_len` tokens. Batch-level, like the AdaSpec drafter it is compared with.

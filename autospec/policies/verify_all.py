@@ -1,4 +1,4 @@
-"""The default verify policy: send every drafted token to the target (POLICIES.md §1)."""
+"""The default verify policy: send every drafted token to the target (docs/policies.md §1)."""
 
 from __future__ import annotations
 

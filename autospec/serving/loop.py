@@ -1,7 +1,7 @@
 """The continuous-batching serving loop: arrivals → schedule → (preempt, admit) → one SD step → records.
 
 Engine-agnostic: it drives any `autospec.engines.base.Engine` (torch, sim) and is, with `sd_step`, the
-only code that calls both an engine and a strategy (DESIGN.md, "Where data flows").
+only code that calls both an engine and a strategy (docs/architecture.md, "Where data flows").
 
 Each iteration:
 
@@ -17,7 +17,7 @@ Each iteration:
 4. preempted requests leave the engine (`engine.remove`) and go back to waiting; on re-admission
    they are re-added with prompt + generated tokens and their remaining max_tokens (recompute). An
    engine that models a KV switch cost (`swap_cost_s(context_tokens)`, the simulator) is charged it
-   by advancing its clock (POLICIES.md §7);
+   by advancing its clock (docs/policies.md §7);
 5. admitted requests are prefilled together (`engine.add`), whose first token is the request's first
    token (or the next token of a resumed one); they join this iteration's step — except on an engine
    with `fused_prefill` (the simulator calibrated from a vLLM profile), where, as in vLLM, the

@@ -11,8 +11,9 @@ Definitions (times in seconds, per request unless pooled):
 * Each of these is summarised as mean, p50, p90, p99 (numpy's linear-interpolation percentiles).
 * throughput_tok_s = output tokens / makespan, makespan = last finish − first arrival.
 * A request meets the SLO when TTFT ≤ slo.ttft_s and TPOT ≤ slo.tpot_s (a one-token request has no
-  TPOT and only needs the TTFT); slo_attainment is the fraction that do, goodput the number that do
-  per second of makespan (DistServe's definition).
+  TPOT and only needs the TTFT; `meets_slo`, also the check `autospec tune`'s pruning applies to each
+  finished request); slo_attainment is the fraction that do, goodput the number that do per second of
+  makespan (DistServe's definition). The SLO model and its default are `autospec.config.SloSpec`.
 * accepted_per_step = mean accepted draft tokens per request per SD step; committed_per_step adds the
   bonus/correction token (the "τ" of the SD papers).
 * acceptance_rate = Σ accepted / Σ verified; None when nothing was verified (no-SD).
@@ -32,18 +33,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from autospec.config import SloSpec
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 
 
-class Slo(BaseModel):
-    """Latency SLO a request must meet to count towards goodput."""
-
-    model_config = ConfigDict(extra="forbid")
-    ttft_s: float = Field(gt=0)
-    tpot_s: float = Field(gt=0)
+# One model and one default for the SLO (config.SloSpec); `Slo` is the name the replay code uses.
+Slo = SloSpec
 
 
 def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
@@ -55,16 +52,29 @@ def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
     return out
 
 
-def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT and E2E per request (NaN TPOT for one-token outputs)."""
-    n = requests["output_len"].to_numpy()
-    first = requests["first_token_s"].to_numpy(dtype=float)
-    finish = requests["finish_s"].to_numpy(dtype=float)
-    arrival = requests["arrival_s"].to_numpy(dtype=float)
+def latencies(arrival_s, first_token_s, finish_s, output_len) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT (NaN for one-token outputs) and E2E of requests given as arrays (or scalars)."""
+    n = np.asarray(output_len)
+    first = np.asarray(first_token_s, dtype=float)
+    finish = np.asarray(finish_s, dtype=float)
+    arrival = np.asarray(arrival_s, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n > 1, (finish - first) / np.maximum(n - 1, 1), np.nan)
-    return pd.DataFrame({"ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": finish - arrival},
-                        index=requests.index)
+    return first - arrival, tpot, finish - arrival
+
+
+def meets_slo(ttft_s, tpot_s, slo: Slo):
+    """Whether each request meets the SLO (module docstring): a NaN TPOT (one-token output) only
+    needs the TTFT. Arrays in, a boolean array out; scalars in, a numpy bool."""
+    tpot = np.asarray(tpot_s, dtype=float)
+    return (np.asarray(ttft_s, dtype=float) <= slo.ttft_s) & (np.isnan(tpot) | (tpot <= slo.tpot_s))
+
+
+def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT and E2E per request (NaN TPOT for one-token outputs)."""
+    ttft, tpot, e2e = latencies(requests["arrival_s"], requests["first_token_s"], requests["finish_s"],
+                                requests["output_len"])
+    return pd.DataFrame({"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}, index=requests.index)
 
 
 def inter_token_latencies(token_times: Iterable[Sequence[float]]) -> np.ndarray:
@@ -108,7 +118,7 @@ def compute_metrics(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo) -> di
     out.update(_summary("e2e", lat["e2e_s"].to_numpy()))
     tokens = int(requests["output_len"].sum())
     makespan = float(requests["finish_s"].max() - requests["arrival_s"].min()) if len(requests) else 0.0
-    ok = (lat["ttft_s"] <= slo.ttft_s) & (lat["tpot_s"].isna() | (lat["tpot_s"] <= slo.tpot_s))
+    ok = meets_slo(lat["ttft_s"].to_numpy(), lat["tpot_s"].to_numpy(), slo)
     out["requests"] = float(len(requests))
     out["output_tokens"] = float(tokens)
     out["makespan_s"] = makespan

@@ -78,7 +78,7 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
     strategy.length.begin_step(ctx)
     k_max = settings.k_max
     fixed = strategy.length.fixed_lengths(ctx) if hasattr(strategy.length, "fixed_lengths") else None
-    # FASER frontier overlap (POLICIES.md §4): with lengths fixed up front and every draft verified, the
+    # FASER frontier overlap (docs/policies.md §4): with lengths fixed up front and every draft verified, the
     # engine drafts and verifies in chunks itself (TorchSDEngine.frontier_step, execution.chunk_size).
     # chunk_size = "auto": FASER's condition on the fitted models picks the chunk, None = no overlap.
     chunk = getattr(engine, "frontier_chunk", None)

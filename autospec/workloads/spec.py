@@ -272,19 +272,11 @@ def _resolve(base_dir: Path, name: str) -> Path:
 
 
 def _input_error(exc: ValidationError, source: str | Path | None) -> InputError:
-    """The first pydantic error as a one-line InputError naming `workload.<field>`."""
-    errors = exc.errors()
-    first = errors[0]
-    context = first.get("ctx") or {}
-    problem_exc = context.get("error")
-    if isinstance(problem_exc, _FieldProblem):
-        field, problem = problem_exc.field, str(problem_exc)
-    else:
-        field = ".".join(str(part) for part in first["loc"])
-        problem = first["msg"]
-        if first["type"] == "extra_forbidden":
-            problem = "unknown key"
-        elif first["type"] == "literal_error" and field == "format":
-            problem = f"unknown format; expected one of {', '.join(TRACE_FORMATS + ('synthetic',))}"
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return InputError(problem + more, path=source, field=f"workload.{field}" if field else "workload")
+    """The first pydantic error as a one-line InputError naming `workload.<field>` (a _FieldProblem
+    names its own field); an unknown format lists the formats this reads."""
+    error = InputError.from_validation(exc, source, prefix="workload")
+    first = exc.errors()[0]
+    if first["type"] == "literal_error" and tuple(first["loc"]) == ("format",):
+        known = f"unknown format; expected one of {', '.join(TRACE_FORMATS + ('synthetic',))}"
+        error = InputError(error.problem.replace(first["msg"], known, 1), path=source, field=error.field)
+    return error

@@ -58,7 +58,8 @@ def test_evaluate_smoke_writes_the_three_files(tmp_path, workload, tiny_pair):
     assert summary["schema_version"] == 1
     assert set(summary["strategies"]) == {"no-sd", "static-k2", "las"}
     assert summary["baseline"] == "no-sd"
-    assert summary["engine"]["kind"] == "torch" and summary["slo"] == {"ttft_s": 2.0, "tpot_s": 0.2}
+    # the one SLO default, `autospec run`'s (config.SloSpec)
+    assert summary["engine"]["kind"] == "torch" and summary["slo"] == {"ttft_s": 1.0, "tpot_s": 0.05}
     assert summary["workload"]["requests"] == 5
     for name, metrics in summary["strategies"].items():
         for key in HEADLINE:

@@ -1,7 +1,7 @@
 """The oracle length policy is an upper bound: on the simulator (T=0) no preset beats it.
 
 The oracle drafts exactly the true match length m at every step, so it wastes no draft and misses no
-accepted token (DESIGN.md, "sim"). What it bounds is the *length* policy: a preset that also changes
+accepted token (docs/architecture.md, "sim"). What it bounds is the *length* policy: a preset that also changes
 the schedule (LP-SJF, LAS, LAPS-SD) can raise goodput by reordering requests, which no length policy
 can. So every preset is compared with the oracle run under that preset's own schedule and execution
 config; for the FCFS presets that is exactly the `oracle` preset. A preset above its oracle is a bug
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from autospec.engines.sim import SimEngine
+from autospec.fit import FittedSimEngine as SimEngine
 from autospec.fit import fit_profile, load_fit, write_fit
 from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
 from autospec.serving.metrics import Slo, compute_metrics

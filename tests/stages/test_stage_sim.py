@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from autospec.engines.base import GenRequest
-from autospec.engines.sim import SimEngine
+from autospec.fit import FittedSimEngine as SimEngine
 from autospec.errors import InputError
 from autospec.fit import fit_profile, write_fit
 from autospec.serving.state import RequestState

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autospec.cli import app
-from autospec.engines import vllm_engine
-from autospec.engines.vllm_engine import (_ClientRecord, draft_log_path, read_step_log, records_from_steps,
+from autospec.serving.vllm import engine as vllm_engine
+from autospec.serving.vllm.engine import (_ClientRecord, draft_log_path, read_step_log, records_from_steps,
                                           speculative_config_for)
 from autospec.errors import InputError
 from autospec.serving.loop import ServeRequest
@@ -74,7 +74,7 @@ FIT = REPO / "reports" / "ci-profile"  # a committed profile + fit (fit/models.j
 
 @pytest.mark.parametrize("preset", ["gp-lcb", "smartspec"])
 def test_online_policies_become_the_online_scheduler_with_k_max_drafts(preset, tmp_path):
-    from autospec.engines.vllm_engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS, engine_kwargs
+    from autospec.serving.vllm.engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS, engine_kwargs
 
     cfg = speculative_config_for(load_preset(preset), T, D, k_max=5, fit=FIT, temperature=0.5)
     online = cfg[ONLINE_KEY]
@@ -88,7 +88,7 @@ def test_online_policies_become_the_online_scheduler_with_k_max_drafts(preset, t
     assert kwargs["scheduler_cls"] == ONLINE_SCHEDULER_CLS and kwargs["async_scheduling"] is False
     assert kwargs["additional_config"] == {ONLINE_KEY: online, "autospec_step_log": str(tmp_path / "steps.jsonl"),
                                            "autospec_draft_log": str(tmp_path / "steps.draft.jsonl")}
-    assert kwargs["worker_extension_cls"] == "autospec.engines.vllm_scheduler.DraftTimer"  # times the drafts
+    assert kwargs["worker_extension_cls"] == "autospec.serving.vllm.scheduler.DraftTimer"  # times the drafts
 
 
 def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
@@ -113,7 +113,7 @@ def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
 def test_deploy_for_an_online_policy_names_the_scheduler_and_its_settings(tmp_path):
     from autospec.config import PairSpec
     from autospec.deploy import CONFIG_FILE, write_deploy
-    from autospec.engines.vllm_engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS
+    from autospec.serving.vllm.engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS
 
     run = tmp_path / "run"
     (run / "fit").mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_lagged_observe_pairs_each_outcome_with_its_own_decision():
     """vLLM decides step n+1 before it observes step n. GP-LCB must still record each outcome under the
     (batch bucket, s) of the decision that produced it, not under the newer decision's."""
     from autospec.contract import RequestView, StepOutcome
-    from autospec.engines.vllm_online import OnlineLength
+    from autospec.serving.vllm.online import OnlineLength
     from autospec.fit import load_fit
     from autospec.policies import build_length
 
@@ -200,7 +200,7 @@ def test_engine_vllm_without_vllm_is_a_one_line_exit_2(tmp_path, monkeypatch):
 
 
 def test_autospec_never_imports_vllm():
-    code = ("import sys, autospec, autospec.cli, autospec.evaluate, autospec.engines.vllm_engine, "
+    code = ("import sys, autospec, autospec.cli, autospec.evaluate, autospec.serving.vllm.engine, "
             "autospec.profile; assert 'vllm' not in sys.modules, 'vllm imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -260,7 +260,7 @@ def test_each_step_gets_the_draft_time_vllms_worker_logged_within_it(tmp_path):
 def test_profile_and_replays_run_vllm_at_the_models_own_context_length(tmp_path):
     """One max_model_len for the profile and every replay (vLLM's CPU step time depends on it): the
     model's max_position_embeddings, or longer when the workload needs it."""
-    from autospec.engines.vllm_engine import DEFAULT_MAX_MODEL_LEN, served_max_model_len
+    from autospec.serving.vllm.engine import DEFAULT_MAX_MODEL_LEN, served_max_model_len
 
     assert served_max_model_len(REPO / "autospec" / "models" / "bundled" / "target", 300) == 2048
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
@@ -270,7 +270,7 @@ def test_profile_and_replays_run_vllm_at_the_models_own_context_length(tmp_path)
 
 
 def test_the_batch_schedule_policy_replays_as_vllms_per_batch_size_schedule():
-    from autospec.engines.vllm_engine import VllmReplayer
+    from autospec.serving.vllm.engine import VllmReplayer
     from autospec.strategy import spec_from_dict
 
     spec = spec_from_dict({"strategy": {"name": "bs"},

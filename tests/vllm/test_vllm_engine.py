@@ -19,7 +19,7 @@ import sys
 import pandas as pd
 import pytest
 
-from autospec.engines.vllm_engine import (close_llm, engine_kwargs, generate_tokens, make_llm,
+from autospec.serving.vllm.engine import (close_llm, engine_kwargs, generate_tokens, make_llm,
                                           speculative_config_for, validate_speculative_config, vllm_available)
 from autospec.errors import InputError
 from autospec.evaluate import HEADLINE
@@ -173,7 +173,7 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1."""
     import numpy as np
 
-    from autospec.engines.vllm_engine import profile_latency
+    from autospec.serving.vllm.engine import profile_latency
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
 
     settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)

@@ -1,5 +1,5 @@
 """Online length policies (GP-LCB, SmartSpec) running inside vLLM's engine core through
-`autospec.engines.vllm_scheduler.OnlineKScheduler` (slow: one engine per policy, ~20 s each to start).
+`autospec.serving.vllm.scheduler.OnlineKScheduler` (slow: one engine per policy, ~20 s each to start).
 
 * T=0 outputs equal the torch engine's plain greedy decoding, token for token (trimming drafts and
   changing K never changes what the target commits).
@@ -21,7 +21,7 @@ import pytest
 
 from autospec.config import PairSpec
 from autospec.deploy import CONFIG_FILE, write_deploy
-from autospec.engines.vllm_engine import (ONLINE_KEY, close_llm, engine_kwargs, generate_tokens, make_llm,
+from autospec.serving.vllm.engine import (ONLINE_KEY, close_llm, engine_kwargs, generate_tokens, make_llm,
                                           read_step_log, speculative_config_for, validate_speculative_config,
                                           vllm_available)
 from autospec.errors import InputError
@@ -67,7 +67,7 @@ def _deployed_kwargs(tmp_path, bundled_pair, log):
                         k_max=K_MAX, fit=FIT)
     assert info["vllm_supported"] is True and info["vllm_validated"] is True, info
     deployed = json.loads((tmp_path / "deploy" / CONFIG_FILE).read_text())
-    assert deployed["scheduler_cls"] == "autospec.engines.vllm_scheduler.OnlineKScheduler"
+    assert deployed["scheduler_cls"] == "autospec.serving.vllm.scheduler.OnlineKScheduler"
     assert deployed["speculative_config"]["num_speculative_tokens"] == K_MAX
     assert ONLINE_KEY not in deployed["speculative_config"] and deployed["async_scheduling"] is False
     assert "--scheduler-cls" in (tmp_path / "deploy" / "README.md").read_text()

@@ -16,7 +16,7 @@ the target's verify forward, sampling, and the draft proposals for the next step
 is timed directly: `DraftTimer` (a worker extension, so it runs in vLLM's worker process, which on the
 CPU build is not the engine core's) wraps the model runner's `propose_draft_token_ids` — the one call
 that runs the draft model, its prompt prefill for new requests included — with a clock and logs each
-call to a second file; `autospec.engines.vllm_engine.read_step_log` adds each step's draft seconds
+call to a second file; `autospec.serving.vllm.engine.read_step_log` adds each step's draft seconds
 ("d") from it. So the profile reads the draft's cost from vLLM itself instead of differencing two
 engines' whole steps.
 
@@ -38,12 +38,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from autospec.contract import RequestView, RoundRecord, StepOutcome
-from autospec.engines.vllm_online import ONLINE_KEY, OnlineLength
+from autospec.serving.vllm.online import ONLINE_KEY, OnlineLength
 
 STEP_LOG_KEY = "autospec_step_log"
 
 DRAFT_LOG_KEY = "autospec_draft_log"
-WORKER_EXTENSION = "autospec.engines.vllm_scheduler.DraftTimer"
+WORKER_EXTENSION = "autospec.serving.vllm.scheduler.DraftTimer"
 
 
 class DraftTimer:
@@ -182,7 +182,7 @@ class RecordingScheduler(Scheduler):
 class OnlineKScheduler(RecordingScheduler):
     """vLLM's scheduler with an autospec length policy (GP-LCB, SmartSpec) choosing the draft lengths.
 
-    Configured by `additional_config["autospec_online"]` (`autospec.engines.vllm_online.online_settings`:
+    Configured by `additional_config["autospec_online"]` (`autospec.serving.vllm.online.online_settings`:
     the length policy and its params, k_max, temperature, the fitted latency model's path), with
     `speculative_config.num_speculative_tokens = k_max` and a per-batch-size schedule (so vLLM keeps a
     `dynamic_sd_lookup` and treats K as varying). Every step:
@@ -201,7 +201,7 @@ class OnlineKScheduler(RecordingScheduler):
       log measures it), draft_time_s = 0: a vLLM step also runs the draft proposals for the next step,
       so the draft cost is inside verify_time_s (and it is step n's K, not the decision's own) — and
       the policy observes it. The one-step lag (the decision for n + 1 is taken before step n's
-      outcome is observed) is handled by `OnlineLength` (autospec/engines/vllm_online.py): each
+      outcome is observed) is handled by `OnlineLength` (autospec/serving/vllm/online.py): each
       observe sees its own decision's in-flight state.
     * update_draft_token_ids(n): each request's drafts are cut to its own k_i (GP-LCB's per-request
       refinement, Eq. 2), so step n + 1 schedules and verifies k_i drafts for it.
@@ -218,7 +218,7 @@ class OnlineKScheduler(RecordingScheduler):
         settings = (self.vllm_config.additional_config or {}).get(ONLINE_KEY)
         name = type(self).__name__
         if not settings:
-            raise ValueError(f"{name} needs additional_config[{ONLINE_KEY!r}] (autospec.engines.vllm_online."
+            raise ValueError(f"{name} needs additional_config[{ONLINE_KEY!r}] (autospec.serving.vllm.online."
                              "online_settings)")
         if self.scheduler_config.async_scheduling:
             raise ValueError(f"{name} needs synchronous scheduling: start vLLM with --no-async-scheduling")

@@ -1,11 +1,11 @@
 """Online (per-step) draft-length policies inside vLLM: the settings that travel to vLLM's engine core
-and the vLLM-free driver `autospec.engines.vllm_scheduler.OnlineKScheduler` runs them with.
+and the vLLM-free driver `autospec.serving.vllm.scheduler.OnlineKScheduler` runs them with.
 
 The serving loop drives a length policy as begin_step(ctx) → draft → verify → observe(ctx, outcome),
 one step after the other (autospec/policies/base.py). vLLM cannot: its drafter proposes the tokens
 step n+1 verifies inside step n's forward, with the one batch K the scheduler chose when it scheduled
 step n. So the scheduler decides step n+1's lengths at schedule(n) — before step n's verification,
-the previous decision, has been observed (VLLM.md, "one-step lag"). Calls reach the policy as
+the previous decision, has been observed (docs/vllm.md, "The one-step lag"). Calls reach the policy as
 
     begin_step(D_n+1)   [schedule(n)]      observe(D_n)   [update_from_output(n)]
     begin_step(D_n+2)   [schedule(n+1)]    observe(D_n+1) [update_from_output(n+1)] ...
@@ -30,14 +30,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from autospec.calibration import read_fit_models
 from autospec.contract import LatencyModel, RequestView, StepContext, StepOutcome
 from autospec.errors import InputError
+from autospec.latency import LinearLatencyModel
 
 ONLINE_KEY = "autospec_online"  # additional_config key (and the autospec-only key of speculative_config_for)
-ONLINE_SCHEDULER_CLS = "autospec.engines.vllm_scheduler.OnlineKScheduler"
+ONLINE_SCHEDULER_CLS = "autospec.serving.vllm.scheduler.OnlineKScheduler"
 # Length policies the online scheduler runs: TargetLengthPolicy subclasses that need only what vLLM's
 # scheduler hooks see — per-request drafted/accepted counts, step wall time — plus a fitted latency
-# model (`needs_fit`). The decision table for every policy is in autospec/engines/vllm_engine.py.
+# model (`needs_fit`). The decision table for every policy is in autospec/serving/vllm/engine.py.
 ONLINE_LENGTH_POLICIES = ("gp-lcb", "smartspec")
 
 
@@ -94,10 +96,8 @@ class OnlineLength:
             raise InputError(f"length policy {policy_name!r} needs a fitted latency model (fit/models.json)",
                              field="fit")
         model = None
-        if fit is not None:
-            from autospec.fit import load_fit  # the loader evaluate and tune use
-
-            model = load_fit(fit).latency_model
+        if fit is not None:  # fit/models.json, read as `autospec.fit.load_fit` reads it; its latency model
+            model = LinearLatencyModel.from_dict(read_fit_models(fit).linear)
         return cls(policy, int(settings["k_max"]), float(settings.get("temperature", 0.0)), model,
                    str(settings.get("strategy", policy_name)))
 

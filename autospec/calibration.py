@@ -1,0 +1,127 @@
+"""The profile's and the fit's records as data: what `autospec profile` writes and `autospec fit` reads
+(the latency and acceptance table columns, the measurement grid) and the schema of fit/models.json.
+
+Profiling (`autospec.profile`, and the vLLM runner's `profile_latency`) and fitting (`autospec.fit`)
+are stages; what they exchange lives here, one layer below them, so that the vLLM runner in
+`autospec.serving.vllm` can time a grid and its online scheduler can read a fit without importing a
+stage (tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autospec.artifacts import read_json
+from autospec.errors import InputError
+
+LATENCY_COLUMNS = ["model", "phase", "batch", "tokens", "context", "sm_split", "median_s", "mad_s", "repeats"]
+ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_len", "chain_tokens",
+                      "confidences", "entropies", "klds", "target_probs", "accept_probs"]
+
+
+class ProfileSettings(BaseModel):
+    """The measurement grid and trace sizes; stored in profile.json so a fit knows what was measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k_max: int = Field(8, ge=1, le=32)
+    batches: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16])
+    contexts: list[int] = Field(default_factory=lambda: [64, 256, 512, 1024])
+    prefill_tokens: list[int] = Field(default_factory=lambda: [32, 128, 256, 512])
+    repeats: int = Field(7, ge=1)
+    warmup: int = Field(2, ge=0)
+    prompts_per_domain: int = Field(16, ge=1)
+    trace_tokens: int = Field(128, ge=2)  # positions per acceptance trace (the target generates K_max more)
+    max_prompt_tokens: int = Field(256, ge=1)  # longer prompts keep their last tokens
+    seed: int = 0
+    # draft SM shares r to time decode shapes at (CUDA green contexts; the r axis of FASER's models);
+    # empty = no split, sm_split NaN in latency.parquet
+    sm_splits: list[float] = Field(default_factory=list)
+
+    @classmethod
+    def quick(cls, k_max: int = 8) -> "ProfileSettings":
+        """A grid small enough for a 2-core CPU in well under three minutes."""
+        return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256, 512],
+                   repeats=5, warmup=2, prompts_per_domain=6, trace_tokens=48, max_prompt_tokens=128)
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation: the spread a profile row records next to its median."""
+    v = np.asarray(values, float)
+    return float(np.median(np.abs(v - np.median(v))))
+
+
+def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, int]]:
+    """(model, phase, batch, tokens, context) for every shape to time, in measuring order."""
+    shapes = []
+    for _ in settings.sm_splits or [None]:
+        for context in settings.contexts:
+            for batch in settings.batches:
+                for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
+                    shapes.append(("target", "decode", batch, tokens, context))
+                shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
+    for tokens in settings.prefill_tokens:
+        for model in ("target", "draft"):
+            shapes.append((model, "prefill", 1, tokens, 0))
+    return shapes
+
+
+# --- fit/models.json -------------------------------------------------------------------------------------
+
+
+class PrefillLine(BaseModel):
+    """Prefill seconds = per_token_s · (batch · tokens) + fixed_s."""
+
+    model_config = ConfigDict(extra="forbid")
+    per_token_s: float
+    fixed_s: float
+
+    def time(self, tokens: float) -> float:
+        return self.per_token_s * tokens + self.fixed_s if tokens > 0 else 0.0
+
+
+class FitModels(BaseModel):
+    """The schema of fit/models.json (validated on read)."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int
+    k_max: int
+    linear: dict[str, Any]
+    linear_mape: dict[str, float]
+    # the simulator's clock: the linear model plus λ·log2(N_b) (latency.LinearCoeffs); absent in fits
+    # written before it existed (the simulator then clocks with `linear`)
+    clock: dict[str, Any] | None = None
+    clock_mape: dict[str, float] | None = None
+    # the target's clock in an engine serving without speculative decoding, from `decode_plain` profile
+    # rows (vLLM: a plain engine's step is cheaper than a speculative engine's step with no drafts);
+    # None when the profile has none (the torch engine's pass is the same either way)
+    clock_plain: dict[str, Any] | None = None
+    clock_plain_mape: float | None = None
+    piecewise: dict[str, dict[str, Any]]
+    piecewise_mape: dict[str, float]
+    prefill: dict[str, PrefillLine]
+    prefill_mape: dict[str, float | None]
+    sps: dict[str, list[float]]
+    sps_context: int
+    per_position_acceptance: dict[str, list[float]]
+    sts: dict[str, Any]
+    holdout: float
+    seed: int
+    points: dict[str, int]
+
+
+def read_fit_models(run_dir: str | Path) -> FitModels:
+    """Read and validate DIR/fit/models.json (DIR may also be the fit folder itself or the file);
+    `autospec.fit.load_fit` wraps the result in a FitResult."""
+    p = Path(run_dir)
+    path = p if p.suffix == ".json" else (p / "models.json" if p.name == "fit" else p / "fit" / "models.json")
+    data = read_json(path)
+    try:
+        return FitModels.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise InputError(e["msg"], path=path, field=".".join(map(str, e["loc"]))) from None

@@ -1,0 +1,103 @@
+"""One replay setup: a workload trace → the serving loop's requests, its step settings and a fresh engine
+per run, the same for every caller (`autospec evaluate`, each `autospec tune` trial and its
+--confirm-top re-runs, benchmarks/sim_speed.py).
+
+Written once so the callers cannot drift apart: a tune trial on a profile scores exactly the replay
+`autospec evaluate --engine sim` runs on that profile (same engine construction — the vLLM step
+structure of a vLLM profile included —, same requests, same settings, same SLO check).
+
+* `trace_requests` — one `ServeRequest` per trace row: the given prompt token ids, or reproducible
+  synthetic ids of the trace's prompt length (what the simulator replays: it reads only lengths).
+* `step_settings` — the `StepSettings` of one strategy: K_max, temperature, the latency model policies
+  consult, FASER's fitted models, the SLO's TPOT and the strategy's own SM split.
+* `Replay` — requests + settings + `engine_for(seed)`; `run(strategy, seed)` serves the workload once.
+* `sim_replay` — a `Replay` on a simulator: given one engine built from a run directory (reading the
+  profile and fit is the slow part), every run gets a fresh engine over the same traces, costs and step
+  structure, so runs share no clock or random state and cost only the replay.
+
+Layering (tests/test_layers.py): this module sits in serving/ and reads no run directory — building
+the simulator from profile/ and fit/ is the fit stage's (`autospec.fit.FittedSimEngine.from_dirs`),
+and `autospec.evaluate.open_sim_replay` is the one function that does it for every caller, passing
+the engine and the fit's FASER models in here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from autospec.contract import LatencyModel
+from autospec.engines.base import Engine
+from autospec.engines.sim import SimEngine
+from autospec.latency import FaserModels
+from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
+from autospec.serving.metrics import Slo
+from autospec.serving.step import StepSettings
+from autospec.strategy import StrategySpec, build_strategy
+from autospec.workloads.trace import Trace
+
+
+def trace_requests(trace: Trace, prompts: Sequence[Sequence[int]] | None = None, *,
+                   vocab: int = 1) -> list[ServeRequest]:
+    """The trace's requests for the serving loop: `prompts[i]` as request i's token ids, or (None)
+    reproducible synthetic ids of its prompt length over `vocab` (seeded by the request id)."""
+    rows = list(trace.requests())
+    if prompts is None:
+        prompts = [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
+    return [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
+
+
+def step_settings(strategy: StrategySpec, *, k_max: int, temperature: float = 0.0,
+                  latency_model: LatencyModel | None = None, faser: FaserModels | None = None,
+                  slo: Slo | None = None) -> StepSettings:
+    """The step settings a replay of `strategy` runs with (its SM split is the strategy's own)."""
+    return StepSettings(k_max=k_max, temperature=temperature, latency_model=latency_model, faser=faser,
+                        slo_tpot_s=None if slo is None else slo.tpot_s,
+                        sm_split=strategy.execution.sm_split or None)
+
+
+@dataclass
+class Replay:
+    """A workload ready to serve under any strategy; `engine_for(seed)` gives the engine of one run."""
+
+    requests: list[ServeRequest]
+    engine_for: Callable[[int], Engine]
+    k_max: int
+    temperature: float = 0.0
+    latency_model: LatencyModel | None = None
+    faser: FaserModels | None = None
+    slo: Slo = field(default_factory=Slo)
+    max_batch: int = 8
+    kv_budget_tokens: int | None = None
+    # an engine of this replay, for capability checks before anything runs (the simulator's oracle
+    # signal, its vocabulary); never served on
+    probe: Any = None
+
+    def settings(self, strategy: StrategySpec) -> StepSettings:
+        return step_settings(strategy, k_max=self.k_max, temperature=self.temperature,
+                             latency_model=self.latency_model, faser=self.faser, slo=self.slo)
+
+    def run(self, strategy: StrategySpec, seed: int, *, on_finish: Callable | None = None,
+            requests: list[ServeRequest] | None = None) -> ServeRecords:
+        """Serve the workload (or `requests`) once under `strategy` on the engine for `seed`."""
+        return serve(self.engine_for(seed), build_strategy(strategy),
+                     self.requests if requests is None else requests, max_batch=self.max_batch,
+                     settings=self.settings(strategy), kv_budget_tokens=self.kv_budget_tokens,
+                     on_finish=on_finish)
+
+
+def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = None, slo: Slo | None = None,
+               max_batch: int = 8, kv_budget_tokens: int | None = None) -> Replay:
+    """`trace` on the simulator `base` (its K_max, temperature and latency model, which policies
+    consult). Every run gets a new engine of base's class with its traces, costs and step structure
+    (`fused_prefill` for a vLLM profile) — exactly what built `base` — seeded with the run's seed;
+    `base` itself is never served on."""
+
+    def engine_for(run_seed: int) -> SimEngine:
+        return type(base)(base.traces, base.costs, k_max=base.k_max, temperature=base.temperature, seed=run_seed,
+                          fused_prefill=base.fused_prefill)
+
+    return Replay(trace_requests(trace, vocab=getattr(base, "vocab_size", 1)), engine_for, k_max=base.k_max,
+                  temperature=base.temperature, latency_model=base.latency_model, faser=faser,
+                  slo=Slo() if slo is None else slo, max_batch=max_batch, kv_budget_tokens=kv_budget_tokens,
+                  probe=base)

@@ -197,8 +197,6 @@ def test_encoders_send_random_token_ids_as_they_are(bundled_pair):
 # --- stdlib ------------------------------------------------------------------------------------------
 
 def test_stdlib_dataset_is_the_standard_library_code_prompts():
-    if importlib.util.find_spec("autospec.workloads.stdlib_prompts") is None:
-        pytest.skip("autospec.workloads.stdlib_prompts (the lead's module) is not in this checkout yet")
     from autospec.workloads.stdlib_prompts import stdlib_prompts
 
     prompts = load_dataset("stdlib", limit=3)

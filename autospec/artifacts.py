@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 from autospec import __version__
 from autospec.config import SCHEMA_VERSION
 from autospec.errors import InputError
+from autospec.hub import hub_source
 
 
 def sha256_file(path: Path) -> str:
@@ -99,8 +100,6 @@ def build_manifest(config: dict[str, Any], *, seed: int, models: dict[str, Path 
 def _model_entry(path: Path | None) -> dict[str, Any]:
     """Where a model was read from and its files' hashes; a model resolved from a Hugging Face id
     (autospec.hub) also names the id and the snapshot's commit."""
-    from autospec.hub import hub_source
-
     entry: dict[str, Any] = {"path": str(path) if path else None, "sha256": hash_model_dir(path)}
     source = hub_source(path)
     if source is not None:
@@ -196,6 +195,7 @@ PARQUET_SCHEMA_KEY = b"autospec_schema_version"
 
 def write_parquet(path: Path, frame) -> None:
     """Atomically write a pandas frame as parquet with schema_version in the file's metadata."""
+    # lazily: pyarrow costs ~0.15 s, and `autospec gate` and the CLI's start-up import this module for JSON
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -210,7 +210,7 @@ def write_parquet(path: Path, frame) -> None:
 def read_parquet(path: Path, required: Sequence[str] = (), *, hint: str = ""):
     """Read an autospec parquet, refusing a missing/corrupt file, an unknown schema_version, missing
     columns or no rows — each as a one-line InputError naming the file."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazily, as in write_parquet
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -219,8 +219,8 @@ def read_parquet(path: Path, required: Sequence[str] = (), *, hint: str = ""):
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
-                         path=path) from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"not a readable parquet file ({reason})", path=path) from None
     version = (table.schema.metadata or {}).get(PARQUET_SCHEMA_KEY)
     if version is None or version.decode() != str(SCHEMA_VERSION):
         shown = None if version is None else version.decode()

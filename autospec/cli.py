@@ -2,22 +2,34 @@
 
 Bad input anywhere (files, flags, configs) surfaces as `InputError`: one line on stderr naming the
 file/field and the problem, exit code 2, no traceback, and no half-written artifacts.
+
+Each command imports its stage module (and the strategy registry, the dataset table, the torch engine)
+inside its own body, after its flags are checked: importing every stage here would add ~1.5 s to
+`autospec --help` and to every one-line flag error (docs/architecture.md, "Imports").
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from autospec.config import SloSpec
+from autospec import __version__
+from autospec.artifacts import build_manifest, write_json, write_text
+from autospec.config import EngineSpec, GenerateSpec, PairSpec, RunSpec, SloSpec, dump_run_spec, load_run_spec
 from autospec.errors import InputError
+from autospec.gate import append_step_summary, parse_fraction, run_gate
+from autospec.progress import format_duration, parse_duration, reporter
+from autospec.workloads.default_prompts import bundled_prompt_sets
+from autospec.workloads.prompts import load_prompts, prompt_set_digest
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Benchmark and autotune speculative decoding for LLM serving.")
@@ -42,9 +54,6 @@ def fail_cleanly(fn):
 def _prompts(paths: list[Path], per_set: int | None, dataset=None, *, seed: int = 0, vocab: dict | None = None):
     if dataset is not None:  # a named dataset (--dataset): `per_set` is its prompt count
         return dataset.load(limit=per_set, seed=seed, **(vocab or {}))
-    from autospec.workloads.default_prompts import bundled_prompt_sets
-    from autospec.workloads.prompts import load_prompts
-
     if paths:
         prompts = []
         for p in paths:
@@ -83,7 +92,7 @@ def _check_dataset_flags(dataset: str | None, dataset_path: Path | None, prompts
         if dataset_path is not None:
             raise InputError("--dataset-path needs --dataset NAME", field="dataset-path")
         return
-    from autospec.workloads.datasets import dataset_info
+    from autospec.workloads.datasets import dataset_info  # lazily: numpy, +~0.1 s on `--help`
 
     dataset_info(dataset)  # unknown name: one line listing the known ones
     if prompts:
@@ -96,12 +105,17 @@ def _check_dataset_flags(dataset: str | None, dataset_path: Path | None, prompts
 
 def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
     """Shared by `generate` and `run`: SD generation with a printed summary (spec.pair already resolved)."""
-    from autospec.artifacts import build_manifest, write_json, write_text
-    from autospec.config import dump_run_spec
-    from autospec.generate import (build_engine, encode_prompts, load_tokenizer, needs_latency_model,
-                                   quick_latency_model, random_vocab, run_generate, strategy_spec)
+    from autospec.generate import run_generate
+    from autospec.serving.factory import (
+        build_engine,
+        encode_prompts,
+        load_tokenizer,
+        needs_latency_model,
+        quick_latency_model,
+        random_vocab,
+        strategy_spec,
+    )
     from autospec.strategy import build_strategy
-    from autospec.workloads.prompts import prompt_set_digest
 
     g = spec.generate
     strat_spec = strategy_spec(g.strategy, g.k)
@@ -117,8 +131,6 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
     if g.compare_to_no_sd and strat_spec.length.policy != "none":
         runs.insert(0, strategy_spec(None, 0))
     results = []
-    from autospec.progress import reporter
-
     with reporter("generate", err, plain=False) as progress:  # bars on a terminal; short elsewhere
         for s in runs:
             results.append(run_generate(engine, prompt_ids, build_strategy(s), max_tokens=g.max_tokens,
@@ -134,27 +146,37 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
         summary["t0_identical_to_no_sd"] = (results[0].token_ids == main.token_ids) if g.temperature == 0 else None
     report = {"texts": main.texts, **summary}
     if out_dir is not None:
-        write_text(out_dir / "config.toml", dump_run_spec(spec))
-        write_json(out_dir / "generate" / "summary.json", summary)
-        write_json(out_dir / "generate" / "outputs.json",
-                   {"prompts": [p.source_id for p in prompts], "texts": main.texts, "token_ids": main.token_ids})
-        write_json(out_dir / "manifest.json", build_manifest(
-            spec.model_dump(mode="json"), seed=spec.engine.seed,
-            models={"target": spec.pair.target, "draft": spec.pair.draft},
-            inputs=[*g.prompts, *([g.dataset_path] if g.dataset_path is not None else [])],
-            prompt_set=prompt_set_digest(prompts)))
+        _write_generate_dir(out_dir, spec, prompts, main, summary)
     if as_json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
-        table = Table(title=f"autospec generate — {main.strategy}")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for key, value in summary.items():
-            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-        out.print(table)
-        if out_dir is not None:
-            out.print(f"run directory: {out_dir}")
+        _print_generate(main.strategy, summary, out_dir)
     return report
+
+
+def _write_generate_dir(out_dir: Path, spec, prompts: list, main, summary: dict) -> None:
+    """`generate --out DIR`: config.toml, generate/summary.json, generate/outputs.json, manifest.json."""
+    g = spec.generate
+    write_text(out_dir / "config.toml", dump_run_spec(spec))
+    write_json(out_dir / "generate" / "summary.json", summary)
+    write_json(out_dir / "generate" / "outputs.json",
+               {"prompts": [p.source_id for p in prompts], "texts": main.texts, "token_ids": main.token_ids})
+    write_json(out_dir / "manifest.json", build_manifest(
+        spec.model_dump(mode="json"), seed=spec.engine.seed,
+        models={"target": spec.pair.target, "draft": spec.pair.draft},
+        inputs=[*g.prompts, *([g.dataset_path] if g.dataset_path is not None else [])],
+        prompt_set=prompt_set_digest(prompts)))
+
+
+def _print_generate(strategy: str, summary: dict, out_dir: Path | None) -> None:
+    table = Table(title=f"autospec generate — {strategy}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    out.print(table)
+    if out_dir is not None:
+        out.print(f"run directory: {out_dir}")
 
 
 @app.command()
@@ -185,10 +207,6 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
 ) -> None:
     """Speculative decoding over a prompt file with one strategy (FCFS static batching)."""
-    from pydantic import ValidationError
-
-    from autospec.config import EngineSpec, GenerateSpec, PairSpec, RunSpec
-
     if k is not None and k < 0:
         raise InputError(f"--k must be >= 0, got {k}", field="k")
     for name, value, low in (("--max-tokens", max_tokens, 1), ("--batch-size", batch_size, 1)):
@@ -236,11 +254,6 @@ def run(
 ) -> None:
     """The main job: profile → fit → tune → evaluate → report (a config's `stages` choose; a config with
     only [generate] runs SD generation). Default: the bundled pair on the bundled bursty workload."""
-    from autospec.artifacts import build_manifest, write_json, write_text
-    from autospec.config import RunSpec, dump_run_spec, load_run_spec
-    from autospec.pipeline import run_pipeline
-    from autospec.progress import parse_duration, reporter
-
     budget = None if time_budget is None else parse_duration(time_budget, option="--time-budget")
     spec = load_run_spec(config) if config is not None else RunSpec()
     if budget is not None:
@@ -256,6 +269,8 @@ def run(
         _generate(spec, as_json, out_dir)
     if not [s for s in spec.stages if s != "generate"]:
         return
+    from autospec.pipeline import run_pipeline  # every stage: after the config is read (module docstring)
+
     with reporter("run", err) as progress:
         result = run_pipeline(spec, out_dir, progress=progress.track,
                               say=lambda m: err.print(m, highlight=False, markup=False))
@@ -278,8 +293,6 @@ def _profiled_prompt_set(run_dir: Path) -> dict | None:
 
 def _budget_line(run: dict) -> str:
     """How tune's --time-budget went: trials run within it, and whether it cut the search short."""
-    from autospec.progress import format_duration
-
     head = (f"time budget {format_duration(run['time_budget_s'])}: {run['trials_run']} trial"
             f"{'' if run['trials_run'] == 1 else 's'} ran within it")
     if run["budget_spent"]:
@@ -357,15 +370,11 @@ def profile(
                                     "(acceptance traces come from the torch engine either way)"),
 ) -> None:
     """Measure draft/target step latency and record acceptance traces."""
-    from autospec.config import PairSpec
-    from autospec.profile import ProfileSettings, profile_pair
-    from autospec.progress import reporter
-
     if not 1 <= k_max <= 32:
         raise InputError(f"--k-max must be in 1..32, got {k_max}", field="k-max")
     splits: list[float] = []
     if sm_split:
-        from autospec.engines.sm_split import parse_fractions, require_cuda
+        from autospec.engines.sm_split import parse_fractions, require_cuda  # torch
 
         splits = parse_fractions(sm_split)
         require_cuda()
@@ -382,6 +391,8 @@ def profile(
                                      range_ratio=random_range_ratio, allow_download=allow_download)
     pair = PairSpec() if target is None else PairSpec(target=target, draft=draft, allow_download=allow_download)
     pair = pair.resolved()  # hub ids → directories, before any work
+    from autospec.profile import ProfileSettings, profile_pair
+
     settings = ProfileSettings.quick(k_max) if quick else ProfileSettings(k_max=k_max)
     overrides = {"prompts_per_domain": prompts_per_domain, "trace_tokens": trace_tokens,
                  "max_prompt_tokens": max_prompt_tokens, "repeats": repeats}
@@ -390,6 +401,10 @@ def profile(
     with reporter("profile", err) as progress:
         result = profile_pair(out_dir, pair, settings, prompt_files=prompts or [], dataset=selection,
                               device=device, engine_kind=engine_kind, progress=progress.track)
+    _print_profile(result, out_dir)
+
+
+def _print_profile(result, out_dir: Path) -> None:
     table = Table(title="autospec profile")
     table.add_column("item")
     table.add_column("value", justify="right")
@@ -464,9 +479,6 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
-    from autospec.progress import reporter
-    from autospec.evaluate import HEADLINE, run_evaluate, spec_from_flags
-
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     if not names:
         raise InputError("--strategies lists no strategy", field="strategies")
@@ -477,11 +489,11 @@ def evaluate(
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
                        seed=seed, device=device)
     if target is not None or draft is not None:
-        from autospec.config import PairSpec
-
         pair = PairSpec(allow_download=allow_download,
                         **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
         flags["pair"] = pair.resolved()  # hub ids → directories, before any work
+    from autospec.evaluate import run_evaluate, spec_from_flags
+
     spec = spec_from_flags(**flags)
     # plain progress lines off a terminal for the real engines; a simulated replay takes seconds
     with reporter("evaluate", err, plain=engine != "sim") as progress:
@@ -490,6 +502,13 @@ def evaluate(
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
         return
+    _print_evaluate(summary, spec, workload, engine, out_dir)
+
+
+def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: Path) -> None:
+    """The headline metrics, one column per strategy (mean, and the 95% CI when there are repeats)."""
+    from autospec.evaluate import HEADLINE
+
     table = Table(title=f"autospec evaluate — {summary['workload']['name'] or workload.name} on {engine} "
                         f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}; mean [95% CI])")
     # One column per strategy: a few strategies × many metrics reads better tall than wide.
@@ -531,10 +550,6 @@ def gate(
     as_json: bool = typer.Option(False, "--json", help="print the verdict as one JSON object"),
 ) -> None:
     """Gate a candidate against a baseline: exit 0 pass, 1 regression or acceptance collapse, 2 bad input."""
-    import os
-
-    from autospec.gate import append_step_summary, parse_fraction, run_gate
-
     def split(values: Optional[list[str]]) -> list[str] | None:
         items = [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
         return items or None
@@ -576,7 +591,8 @@ def report(
 @fail_cleanly
 def tune(
     workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
-    profile_dir: Path = typer.Option(..., "--profile", help="profiled + fitted run directory (calibrates the simulator)"),
+    profile_dir: Path = typer.Option(..., "--profile",
+                                     help="profiled + fitted run directory (calibrates the simulator)"),
     out_dir: Path = typer.Option(..., "--out", help="run directory to write tune/ and deploy/ to"),
     trials: int = typer.Option(40, "--trials", help="the study's total of completed + pruned trials"),
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in OUT/tune)"),
@@ -598,14 +614,13 @@ def tune(
     as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
 ) -> None:
     """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
-    from autospec.progress import parse_duration, reporter
-    from autospec.tune import run_tune, spec_from_flags
-
     if objective not in ("goodput", "multi"):
         raise InputError(f"unknown objective {objective!r}; use goodput or multi", field="objective")
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     if names is not None and not names:
         raise InputError("the search space is empty: --strategies lists no strategy", field="strategies")
+    from autospec.tune import run_tune, spec_from_flags
+
     spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
                            study_name=study_name, objective=objective, min_attainment=min_attainment,
                            slo=_slo_flags(slo_ttft, slo_tpot),
@@ -629,6 +644,11 @@ def tune(
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
         return
+    _print_tune(summary, spec, out_dir)
+
+
+def _print_tune(summary: dict, spec, out_dir: Path) -> None:
+    """The best trial's settings and metrics, the confirmed trials, where tune/ and deploy/ went."""
     best = summary["best"]
     table = Table(title=f"autospec tune — {summary['study_name']} ({summary['objective']})")
     table.add_column("best trial")
@@ -666,8 +686,6 @@ def presets() -> None:
 @app.command()
 def version() -> None:
     """Print the autospec version."""
-    from autospec import __version__
-
     out.print(__version__)
 
 

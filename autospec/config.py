@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autospec.errors import InputError
+from autospec.hub import looks_like_hub_id, resolve_pair
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+from autospec.progress import parse_duration
 
 SCHEMA_VERSION = 1
 
@@ -42,8 +43,6 @@ class PairSpec(_Model):
 
     def resolved(self) -> "PairSpec":
         """This pair with local directories for hub ids (one InputError line for a model not found)."""
-        from autospec.hub import resolve_pair
-
         return resolve_pair(self)
 
     @property
@@ -139,8 +138,6 @@ class TuneStage(_Model):
     @field_validator("time_budget", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        from autospec.progress import parse_duration
-
         if value is None:
             return None
         try:
@@ -220,8 +217,6 @@ def _resolve(base: Path, p: Path) -> Path:
 
 def _model_path(base: Path, p: Path) -> Path:
     """A model next to the config file when it is there; else a hub id stays an id (`org/name`)."""
-    from autospec.hub import looks_like_hub_id
-
     near = _resolve(base, p)
     return p if not near.exists() and not p.is_absolute() and looks_like_hub_id(p) else near
 

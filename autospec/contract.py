@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+__all__ = ["DraftToken", "DraftState", "RoundRecord", "VIEW_SIGNALS", "RequestView", "LatencyModel", "StepContext",
+           "StepOutcome"]
+
 
 @dataclass(frozen=True)
 class DraftToken:
@@ -34,7 +37,7 @@ class DraftState:
     def __init__(self, req_ids: list[int], tokens: list[list[int]], confidences: list[list[float]],
                  entropies: list[list[float]]):
         self.req_ids = req_ids
-        self._rows: list[Sequence[DraftToken]] | None = None
+        self._rows: Sequence[Sequence[DraftToken]] | None = None
         self._tokens, self._confidences, self._entropies = tokens, confidences, entropies
         self._index: dict[int, int] | None = None
 
@@ -44,7 +47,7 @@ class DraftState:
         return cls(list(req_ids), [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)])
 
     @classmethod
-    def from_rows(cls, req_ids: Sequence[int], rows: list[Sequence[DraftToken]]) -> "DraftState":
+    def from_rows(cls, req_ids: Sequence[int], rows: Sequence[Sequence[DraftToken]]) -> "DraftState":
         """Each request's drafts as DraftTokens (aligned with req_ids); the lists are built lazily."""
         state = cls(list(req_ids), [], [], [])
         state._rows = rows

@@ -17,7 +17,8 @@
   When vLLM cannot express it (a per-request verify policy, a policy needing draft confidences or
   distributions, FASER execution knobs), the file says so instead: {"supported": false, "strategy":
   ..., "notes": [why]} — it must not start a deployment that silently runs something else. The
-  mapping is `autospec.serving.vllm.engine.speculative_config_for`, the same one `--engine vllm` runs.
+  mapping is `autospec.serving.vllm.speculative_config.speculative_config_for`, the same one
+  `--engine vllm` runs.
 * `README.md` — the command lines and the notes.
 
 When vLLM is installed, a supported config is validated by building vLLM's engine config from it
@@ -30,9 +31,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autospec.artifacts import write_text
 from autospec.config import PairSpec
 from autospec.errors import InputError
-from autospec.serving.vllm.engine import vllm_form
+from autospec.fit import load_fit
+from autospec.serving.vllm.engine import validate_speculative_config, vllm_available
+from autospec.serving.vllm.online import ONLINE_KEY
+from autospec.serving.vllm.speculative_config import launch_parts, speculative_config_for, vllm_form
 from autospec.strategy import StrategySpec, spec_to_toml
 
 CONFIG_FILE = "vllm_speculative_config.json"
@@ -44,8 +49,6 @@ def vllm_config(spec: StrategySpec, pair: PairSpec, max_batch: int, *, k_max: in
     """{"supported": True, "config": {...}} or {"supported": False, "notes": [...]}. `k_max` and `fit`
     (a run directory or fit/models.json) are what an online length policy runs with
     (`speculative_config_for`); the config then carries the online scheduler's settings."""
-    from autospec.serving.vllm.engine import speculative_config_for
-
     form, rows = vllm_form(spec, max_batch)
     try:
         cfg = speculative_config_for(form, pair.target, pair.draft, rows, k_max=k_max, fit=fit)
@@ -63,8 +66,6 @@ def run_fit(deploy_dir: Path) -> Path | None:
 def online_payload(name: str, cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The deploy file for an online strategy: vLLM's speculative config plus how to start the
     scheduler that runs the policy (module docstring)."""
-    from autospec.serving.vllm.engine import launch_parts
-
     parts = launch_parts(cfg)
     return {"supported": True, "strategy": name, **parts, "notes": notes}
 
@@ -78,14 +79,9 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
     not-expressible file (under "fallback", with its own config) when `spec` itself is not.
     `k_max` and `fit` are what an online length policy (gp-lcb, smartspec) runs with; `fit` defaults to
     the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max."""
-    from autospec.artifacts import write_text
-    from autospec.serving.vllm.engine import ONLINE_KEY, launch_parts, validate_speculative_config, vllm_available
-
     if fit is None:
         fit = run_fit(deploy_dir)
     if k_max is None and fit is not None:
-        from autospec.fit import load_fit
-
         try:
             k_max = load_fit(fit).models.k_max
         except InputError:
@@ -130,8 +126,6 @@ def _readme(spec: StrategySpec, pair: PairSpec, max_batch: int, result: dict[str
     lines = [f"# Deploy: {spec.name}", "", spec.strategy.description, "",
              f"- autospec: `autospec evaluate --strategies {STRATEGY_FILE} ...` (torch or sim engine)"]
     if result["supported"]:
-        from autospec.serving.vllm.engine import launch_parts
-
         parts = launch_parts(result["config"])
         cfg = json.dumps(parts["speculative_config"])
         if "scheduler_cls" in parts:

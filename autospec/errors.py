@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+__all__ = ["InputError"]
+
 
 class InputError(Exception):
     """Bad user input: the message names the file (and line or field) and the problem."""

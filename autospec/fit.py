@@ -27,6 +27,7 @@ in memory when fit/ is absent); the engine itself takes only the fitted data.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from autospec.artifacts import read_json, write_json
+
 # fit/models.json's schema (re-exported: callers import it from here)
 from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, FitModels, PrefillLine, read_fit_models
+from autospec.config import SCHEMA_VERSION
 from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
 from autospec.errors import InputError
-from autospec.latency import (FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise,
-                             mape)
+from autospec.latency import FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise, mape
 from autospec.policies.sts import StsCalibration, fit_sts
 from autospec.profile import read_parquet
 
@@ -104,6 +107,8 @@ def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeff
     residuals are relative (prediction/measured − 1, the quantity MAPE reports), the loss is soft-L1
     (robust to the odd preempted measurement), and the coefficients are bounded at 0 (a pass cannot get
     faster with more work). Plain relative least squares (scipy nnls) gives the starting point."""
+    # lazily: scipy.optimize costs ~0.5 s, and `autospec report`, `tune` and `evaluate --engine sim` import
+    # this module only to read a fit (docs/architecture.md, "Imports")
     from scipy.optimize import least_squares, nnls
 
     data = np.asarray(rows, float)
@@ -175,37 +180,13 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         b, s, c, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
         r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
         design = np.column_stack([b * c, b * s, t])
-        n = len(rows)
         for name, log_term in (("linear", False), ("clock", True)):
-            def linear_cv(train, test, log_term=log_term):
-                co = fit_linear_relative(design[train], log_term=log_term)
-                return [co.forward(nc, nb) for nc, nb, _ in design[test]], t[test]
-
-            out[name][model] = fit_linear_relative(design, log_term=log_term)
-            out[f"{name}_mape"][model] = _held_out_mape(n, seed, linear_cv)
+            out[name][model], out[f"{name}_mape"][model] = _linear_with_cv(design, log_term, seed)
         kind = "draft" if model == "draft" else "target"
-
-        def piecewise_cv(train, test):
-            pw_fold, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
-            return pw_fold(b[test], s[test], r[test]), t[test]
-
-        pw, _ = fit_piecewise(kind, b, s, r, t)
-        out["piecewise"][model] = pw.to_dict()
-        out["piecewise_mape"][model] = _held_out_mape(n, seed, piecewise_cv)
-        out["points"][model] = n
-        coeffs = out["linear"][model]
+        out["piecewise"][model], out["piecewise_mape"][model] = _piecewise_with_cv(kind, b, s, r, t, seed)
+        out["points"][model] = len(rows)
         pre = latency[(latency["model"] == model) & (phase == "prefill")]
-        n_tok = (pre["batch"] * pre["tokens"]).to_numpy(float)
-        if len(pre) >= 2 and len(np.unique(n_tok)) >= 2:
-            slope, icpt = fit_line_relative(n_tok, pre["median_s"].to_numpy(float))
-            line = PrefillLine(per_token_s=slope, fixed_s=icpt)
-            out["prefill_mape"][model] = mape([line.time(n) for n in n_tok], pre["median_s"])  # in-sample: few points
-        else:
-            # No prefill rows: price a prompt token like a token of a one-request decode pass (documented
-            # fallback, from the same linear fit).
-            line = PrefillLine(per_token_s=coeffs.gamma, fixed_s=coeffs.delta)
-            out["prefill_mape"][model] = None
-        out["prefill"][model] = line
+        out["prefill"][model], out["prefill_mape"][model] = _prefill_line(pre, out["linear"][model])
     # FASER's early-exit check T_ee and pruning cost T_pr (Eq. 13–14), when the profile timed them (rows
     # with model "early_exit" / "prune": tokens = positions per request). Eq. 10 then uses the fitted
     # times (TorchSDEngine.configure_execution) instead of EarlyExitParams' cost ratios.
@@ -215,13 +196,7 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
             continue
         b, s, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "median_s"))
         r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
-
-        def kind_cv(train, test, kind=kind, b=b, s=s, r=r, t=t):
-            pw_fold, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
-            return pw_fold(b[test], s[test], r[test]), t[test]
-
-        out["piecewise"][kind] = fit_piecewise(kind, b, s, r, t)[0].to_dict()
-        out["piecewise_mape"][kind] = _held_out_mape(len(rows), seed, kind_cv)
+        out["piecewise"][kind], out["piecewise_mape"][kind] = _piecewise_with_cv(kind, b, s, r, t, seed)
         out["points"][kind] = len(rows)
     plain = latency[(latency["model"] == "target") & (phase == "decode_plain")]
     out["clock_plain"], out["clock_plain_mape"] = None, None
@@ -229,14 +204,42 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         design = np.column_stack([(plain["batch"] * plain["context"]).to_numpy(float),
                                   (plain["batch"] * plain["tokens"]).to_numpy(float),
                                   plain["median_s"].to_numpy(float)])
-
-        def plain_cv(train, test):
-            co = fit_linear_relative(design[train], log_term=True)
-            return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test, 2]
-
-        out["clock_plain"] = fit_linear_relative(design, log_term=True)
-        out["clock_plain_mape"] = _held_out_mape(len(plain), seed, plain_cv)
+        out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
     return out
+
+
+def _linear_with_cv(design: np.ndarray, log_term: bool, seed: int) -> tuple[LinearCoeffs, float]:
+    """`fit_linear_relative` on every row of `design` (columns N_c, N_b, seconds), and its k-fold MAPE."""
+
+    def fold(train, test):
+        co = fit_linear_relative(design[train], log_term=log_term)
+        return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test, 2]
+
+    return fit_linear_relative(design, log_term=log_term), _held_out_mape(len(design), seed, fold)
+
+
+def _piecewise_with_cv(kind: str, b: np.ndarray, s: np.ndarray, r: np.ndarray, t: np.ndarray,
+                       seed: int) -> tuple[dict[str, Any], float]:
+    """FASER's piecewise model of `kind` on every row (as a dict), and its k-fold MAPE."""
+
+    def fold(train, test):
+        pw_fold, _ = fit_piecewise(kind, b[train], s[train], r[train], t[train])
+        return pw_fold(b[test], s[test], r[test]), t[test]
+
+    pw, _ = fit_piecewise(kind, b, s, r, t)
+    return pw.to_dict(), _held_out_mape(len(t), seed, fold)
+
+
+def _prefill_line(pre: pd.DataFrame, coeffs: LinearCoeffs) -> tuple[PrefillLine, float | None]:
+    """One model's prefill line over its prefill rows (MAPE in-sample: few points). Without two distinct
+    prefill sizes a prompt token is priced like a token of a one-request decode pass (documented
+    fallback, from the model's linear fit `coeffs`; no MAPE)."""
+    n_tok = (pre["batch"] * pre["tokens"]).to_numpy(float)
+    if len(pre) >= 2 and len(np.unique(n_tok)) >= 2:
+        slope, icpt = fit_line_relative(n_tok, pre["median_s"].to_numpy(float))
+        line = PrefillLine(per_token_s=slope, fixed_s=icpt)
+        return line, mape([line.time(n) for n in n_tok], pre["median_s"])
+    return PrefillLine(per_token_s=coeffs.gamma, fixed_s=coeffs.delta), None
 
 
 def sps_table(latency: pd.DataFrame) -> tuple[list[int], list[float], int]:
@@ -282,9 +285,6 @@ def chain_matrix(acceptance: pd.DataFrame, column: str, k_max: int) -> np.ndarra
 
 def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
     """All fits from DIR/profile (see the module docstring); validates the inputs first."""
-    from autospec.artifacts import read_json
-    from autospec.config import SCHEMA_VERSION
-
     prof = Path(run_dir) / "profile"
     if not prof.is_dir():
         raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=prof)
@@ -318,8 +318,6 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
 
 
 def write_fit(run_dir: Path, models: FitModels) -> Path:
-    from autospec.artifacts import write_json
-
     path = Path(run_dir) / "fit" / "models.json"
     write_json(path, models.model_dump(mode="json"))
     return path
@@ -335,8 +333,6 @@ def load_fit(run_dir: str | Path) -> FitResult:
 
 def profiled_engine(run_dir: Path) -> str:
     """The engine a run directory's profile measured ("torch" when profile.json does not say)."""
-    import json
-
     try:
         meta = json.loads((Path(run_dir) / "profile" / "profile.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -4,83 +4,22 @@ Prompts are taken in file order, `batch_size` at a time; a batch runs SD steps u
 requests finish, then the next batch starts. (Continuous batching, arrivals and schedule policies are
 the serving loop's job; here the strategy's schedule part is not used.) Strategies whose policies
 consult a latency model get one fitted on the spot from a short measurement of this engine, unless
-one is passed in.
+one is passed in (the engine, tokenizer and that model come from `autospec.serving.factory`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-import torch
-
-from autospec.config import EngineSpec, PairSpec
 from autospec.contract import LatencyModel
 from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
-from autospec.latency import LinearLatencyModel, fit_linear
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepSettings, sd_step
-from autospec.strategy import Strategy, StrategySpec, load_preset, spec_from_dict
-from autospec.workloads.prompts import Prompt
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODEL_FREE = ({"static", "none"}, {"all"})  # length / verify policies that need no latency model
-
-
-def build_engine(pair: PairSpec, engine: EngineSpec, temperature: float) -> TorchSDEngine:
-    if engine.threads:
-        torch.set_num_threads(engine.threads)
-    return TorchSDEngine(pair.target, pair.draft, device=engine.device, dtype=DTYPES[engine.dtype],
-                         temperature=temperature, k_max=engine.k_max, seed=engine.seed)
-
-
-def load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load a tokenizer: {str(exc).splitlines()[0]}", path=model_dir) from None
-
-
-def strategy_spec(name: str | None, k: int | None) -> StrategySpec:
-    """`--k N` is shorthand for static K (K=0 = no SD); otherwise a preset name or file."""
-    if k is not None:
-        if k < 0:
-            raise InputError(f"K must be >= 0, got {k}", field="k")
-        if k == 0:
-            return load_preset("no-sd")
-        return spec_from_dict({"strategy": {"name": f"static-k{k}"}, "length": {"policy": "static", "k": k}})
-    return load_preset(name or "static-k4")
-
-
-def needs_latency_model(spec: StrategySpec) -> bool:
-    return spec.length.policy not in MODEL_FREE[0] or spec.verify.policy not in MODEL_FREE[1]
-
-
-def quick_latency_model(engine: TorchSDEngine, repeats: int = 3) -> LinearLatencyModel:
-    """AdaSpec's linear time model fitted to a small grid measured on this engine (a few seconds).
-
-    `autospec profile` + `autospec fit` do this properly (bigger grid, held-out error); this is what
-    `generate` uses so model-based strategies can run without a profile.
-    """
-    target_rows, draft_rows = [], []
-    for batch in (1, 4):
-        for context in (64, 256):
-            for tokens in (1, 5):
-                t = float(np.median(engine.time_forward("target", batch, tokens, context, repeats)))
-                target_rows.append([batch * context, batch * tokens, t])
-            t = float(np.median(engine.time_forward("draft", batch, 1, context, repeats)))
-            draft_rows.append([batch * context, batch, t])
-    # The draft grid has only two N_b values per context; add a wider batch so the fit is determined.
-    t = float(np.median(engine.time_forward("draft", 8, 1, 64, repeats)))
-    draft_rows.append([8 * 64, 8, t])
-    return LinearLatencyModel(draft=fit_linear(draft_rows), target=fit_linear(target_rows))
+from autospec.strategy import Strategy
 
 
 @dataclass
@@ -174,30 +113,3 @@ def run_generate(
     texts = [decode(o) if decode else "" for o in outputs]
     return GenerateResult(strategy.name, texts, outputs, wall, prefill_s, draft_s, verify_s, steps, drafted,
                           verified, accepted, request_steps, per_request)
-
-
-def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
-    ids = [prompt_token_ids(tokenizer, p) for p in prompts]
-    for p, i in zip(prompts, ids):
-        if not i:
-            raise InputError("prompt encodes to no tokens", path=p.source_id)
-    return ids
-
-
-def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:
-    """The prompt's own `token_ids` when it has them (the `random` dataset), checked against the
-    tokenizer's vocabulary; otherwise its text, tokenized."""
-    if prompt.token_ids is None:
-        return tokenizer.encode(prompt.text, add_special_tokens=False)
-    size = len(tokenizer)
-    bad = next((t for t in prompt.token_ids if not 0 <= t < size), None)
-    if bad is not None:
-        raise InputError(f"token id {bad} is outside the tokenizer's vocabulary of {size}", path=prompt.source_id)
-    return list(prompt.token_ids)
-
-
-def random_vocab(tokenizer) -> dict:
-    """What `load_dataset("random", ...)` draws from: the tokenizer's base vocabulary (vLLM's choice; ids
-    added on top of it may have no trained embedding) less its special tokens."""
-    return {"vocab_size": int(tokenizer.vocab_size), "exclude_ids": tuple(tokenizer.all_special_ids)}
-

@@ -22,6 +22,9 @@ import numpy as np
 
 from autospec.contract import LatencyModel
 
+__all__ = ["FaserKind", "FaserModels", "LinearCoeffs", "LinearLatencyModel", "PiecewiseLatency", "faser_chunk_size",
+           "faser_eval", "faser_features", "faser_x", "fit_linear", "fit_piecewise", "mape", "sd_step_time"]
+
 # --- AdaSpec linear model ------------------------------------------------------------------------
 
 
@@ -198,7 +201,9 @@ def fit_piecewise(kind: FaserKind, b: Sequence[float], s: Sequence[float], r: Se
     for knee in xs[1:]:
         second = x >= knee
 
-        def residuals(theta: np.ndarray) -> np.ndarray:
+        # `second` is bound as a default: least_squares calls back only within this iteration, and the
+        # binding keeps the closure correct even if that changes.
+        def residuals(theta: np.ndarray, second: np.ndarray = second) -> np.ndarray:
             load = feats @ theta[:n_load]
             a = np.where(second, theta[n_load + 1], 1.0)
             g = np.where(second, theta[n_load + 2], theta[n_load])

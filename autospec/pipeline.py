@@ -25,92 +25,107 @@ from typing import Any, Callable
 
 from autospec.config import RunSpec
 from autospec.errors import InputError
+from autospec.evaluate import EvaluateSpec, run_evaluate
+from autospec.fit import fit_profile, load_fit, write_fit
+from autospec.profile import ProfileSettings, profile_pair
+from autospec.report.build import write_report
+from autospec.tune import TuneSpec, run_tune
 
 Progress = Callable[[str, int], Callable[[int], None]]
+Stage = Callable[[str, Callable[[], Any]], Any]  # runs one stage: named, timed and announced
 
 
 def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
                  say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """Run spec.stages (except `generate`, which the CLI runs) in order; returns what each produced."""
-    from autospec.evaluate import EvaluateSpec, run_evaluate
-    from autospec.fit import fit_profile, write_fit
-    from autospec.profile import ProfileSettings, profile_pair
-    from autospec.tune import TuneSpec, run_tune
-
     out_dir = Path(out_dir)
     stages = [s for s in spec.stages if s != "generate"]
     if not spec.workload.is_file() and {"tune", "evaluate"} & set(stages):
         raise InputError("no such workload file", path=spec.workload, field="workload")
-    slo = spec.slo  # the [slo] table (default: config.SloSpec's, the default of evaluate and tune too)
     done: dict[str, Any] = {"stages": {}}
+    stage = _stage_runner(done["stages"], say)
+    reuse = spec.profile.reuse
+    if "profile" in stages:
+        _profile(spec, out_dir, stage, progress)
+    if "fit" in stages and (reuse is None or not (out_dir / "fit" / "models.json").is_file()):
+        models = stage("fit", lambda: fit_profile(out_dir, seed=spec.engine.seed))
+        write_fit(out_dir, models)
+        done["fit"] = {"linear_mape": models.linear_mape}
+    if "tune" in stages:
+        done["tune"] = _tune(spec, out_dir, stage, progress)
+    tuned = out_dir / "tune" / "best.toml"
+    if "evaluate" in stages:
+        _evaluate(spec, out_dir, tuned if tuned.is_file() else None, stage, progress, done)
+    if "report" in stages:
+        done["report"] = str(stage("report", lambda: write_report(out_dir)))
+    return done
+
+
+def _stage_runner(walls: dict[str, Any], say: Callable[[str], None]) -> Stage:
+    """A stage runner that announces each stage and records its wall time in `walls`."""
     timer = time.perf_counter
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         say(f"[{name}] …")
         t0 = timer()
         result = fn()
-        done["stages"][name] = {"wall_s": timer() - t0}
+        walls[name] = {"wall_s": timer() - t0}
         say(f"[{name}] done in {timer() - t0:.0f} s")
         return result
 
+    return stage
+
+
+def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> None:
+    """Measure the pair into DIR/profile/, or copy `profile.reuse`'s measurements."""
     reuse = spec.profile.reuse
-    if "profile" in stages:
-        if reuse is not None:
-            if not (reuse / "profile" / "latency.parquet").is_file():
-                raise InputError("profile.reuse is not a profiled run directory (no profile/latency.parquet)",
-                                 path=reuse, field="profile.reuse")
-            stage("profile", lambda: _copy_measurements(reuse, out_dir))
-        else:
-            settings = ProfileSettings.quick(spec.profile.k_max) if spec.profile.quick else \
-                ProfileSettings(k_max=spec.profile.k_max)
-            settings = settings.model_copy(update={"seed": spec.engine.seed})
-            stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
-                                                  progress=progress))
-    if "fit" in stages and (reuse is None or not (out_dir / "fit" / "models.json").is_file()):
-        models = stage("fit", lambda: fit_profile(out_dir, seed=spec.engine.seed))
-        write_fit(out_dir, models)
-        done["fit"] = {"linear_mape": models.linear_mape}
+    if reuse is not None:
+        if not (reuse / "profile" / "latency.parquet").is_file():
+            raise InputError("profile.reuse is not a profiled run directory (no profile/latency.parquet)",
+                             path=reuse, field="profile.reuse")
+        stage("profile", lambda: _copy_measurements(reuse, out_dir))
+        return
+    settings = ProfileSettings.quick(spec.profile.k_max) if spec.profile.quick else \
+        ProfileSettings(k_max=spec.profile.k_max)
+    settings = settings.model_copy(update={"seed": spec.engine.seed})
+    stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
+                                          progress=progress))
 
-    tuned: Path | None = None
-    if "tune" in stages:
-        tune_spec = TuneSpec(workload=spec.workload, profile=out_dir, trials=spec.tune.trials,
-                             objective=spec.tune.objective, slo=slo, min_attainment=spec.tune.min_attainment,
-                             strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
-                             seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget)
-        tick = progress("tune trials", spec.tune.trials) if progress else None
-        state = {"n": 0}
 
-        def advance(count: int, _total: int) -> None:
-            if tick is not None and count > state["n"]:
-                tick(count - state["n"])
-                state["n"] = count
+def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> dict[str, Any]:
+    """The tune stage on the run's SLO (the [slo] table: config.SloSpec's default, as evaluate and tune)."""
+    tune_spec = TuneSpec(workload=spec.workload, profile=out_dir, trials=spec.tune.trials,
+                         objective=spec.tune.objective, slo=spec.slo, min_attainment=spec.tune.min_attainment,
+                         strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
+                         seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget)
+    tick = progress("tune trials", spec.tune.trials) if progress else None
+    state = {"n": 0}
 
-        done["tune"] = stage("tune", lambda: run_tune(tune_spec, out_dir, progress=advance))
-    if (out_dir / "tune" / "best.toml").is_file():
-        tuned = out_dir / "tune" / "best.toml"
+    def advance(count: int, _total: int) -> None:
+        if tick is not None and count > state["n"]:
+            tick(count - state["n"])
+            state["n"] = count
 
-    if "evaluate" in stages:
-        extra = [str(tuned)] if tuned is not None else []
-        common = dict(workload=spec.workload, slo=slo, max_batch=spec.max_batch, repeats=spec.evaluate.repeats,
-                      seed=spec.engine.seed, profile=out_dir)
-        from autospec.fit import load_fit
+    return stage("tune", lambda: run_tune(tune_spec, out_dir, progress=advance))
 
-        # the simulator can replay at most the chain length the profile recorded
-        sim_k_max = min(spec.engine.k_max, load_fit(out_dir).models.k_max)
-        sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", k_max=sim_k_max, **common)
-        done["evaluate_sim"] = stage("evaluate (simulator)",
-                                     lambda: run_evaluate(sim, out_dir / "eval-sim", progress=progress).summary)
-        if spec.evaluate.real_engine:
-            real = EvaluateSpec(strategies=[*spec.evaluate.real_strategies, *extra], engine="torch",
-                                pair=spec.pair, device=spec.engine.device, k_max=spec.engine.k_max, **common)
-            done["evaluate_real"] = stage("evaluate (torch engine)",
-                                          lambda: run_evaluate(real, out_dir / "eval-torch", progress=progress).summary)
 
-    if "report" in stages:
-        from autospec.report.build import write_report
-
-        done["report"] = str(stage("report", lambda: write_report(out_dir)))
-    return done
+def _evaluate(spec: RunSpec, out_dir: Path, tuned: Path | None, stage: Stage, progress: Progress | None,
+              done: dict[str, Any]) -> None:
+    """Every listed strategy and the tuned one on the simulator (DIR/eval-sim/), then `real_strategies`
+    and the tuned one on the torch engine (DIR/eval-torch/); summaries into `done`."""
+    extra = [str(tuned)] if tuned is not None else []
+    common = dict(workload=spec.workload, slo=spec.slo, max_batch=spec.max_batch, repeats=spec.evaluate.repeats,
+                  seed=spec.engine.seed, profile=out_dir)
+    # the simulator can replay at most the chain length the profile recorded
+    sim_k_max = min(spec.engine.k_max, load_fit(out_dir).models.k_max)
+    sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", k_max=sim_k_max, **common)
+    done["evaluate_sim"] = stage("evaluate (simulator)",
+                                 lambda: run_evaluate(sim, out_dir / "eval-sim", progress=progress).summary)
+    if spec.evaluate.real_engine:
+        real = EvaluateSpec(strategies=[*spec.evaluate.real_strategies, *extra], engine="torch",
+                            pair=spec.pair, device=spec.engine.device, k_max=spec.engine.k_max, **common)
+        done["evaluate_real"] = stage("evaluate (torch engine)",
+                                      lambda: run_evaluate(real, out_dir / "eval-torch", progress=progress).summary)
 
 
 def _copy_measurements(source: Path, out_dir: Path) -> None:

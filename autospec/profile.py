@@ -24,6 +24,7 @@ slot per position, and each further chain step is one batched draft forward over
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -34,13 +35,20 @@ import numpy as np
 import pandas as pd
 
 from autospec import artifacts
-from autospec.artifacts import write_parquet
+from autospec.artifacts import build_manifest, write_json, write_parquet
+
 # the profile's records (re-exported: callers import them from here)
 from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, ProfileSettings, latency_grid, mad
+from autospec.config import EngineSpec
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
+from autospec.telemetry import TelemetrySampler, snapshot
+from autospec.workloads.default_prompts import bundled_prompt_sets
+from autospec.workloads.prompts import load_prompts, prompt_set_digest
 
-if TYPE_CHECKING:  # torch is imported where it is used: `fit` and the simulator read profiles without it
+# torch, the torch engine and serving.factory (which imports both) are imported where they are used:
+# `fit`, `report`, `tune` and the simulator import this module to read profiles, without torch (+1.4 s)
+if TYPE_CHECKING:
     import torch
 
     from autospec.engines.torch_engine import TorchSDEngine
@@ -254,8 +262,6 @@ def record_acceptance(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], s
 
 def gpu_telemetry() -> dict[str, Any]:
     """Device state through NVML (see autospec/telemetry.py, which samples it during the run)."""
-    from autospec.telemetry import snapshot
-
     return snapshot()
 
 
@@ -280,8 +286,8 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
                 latency_units: int | None = None) -> ProfileResult:
     """Measure latency and record acceptance traces. `progress(name, total)` returns an advance callback.
     `latency_from(settings, advance)` measures the latency rows on another engine instead (vLLM:
-    `autospec.serving.vllm.engine.profile_latency`); the acceptance traces still come from `engine`,
-    which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm);
+    `autospec.serving.vllm.latency_profile.profile_latency`); the acceptance traces still come from
+    `engine`, which at T=0 are the same for any engine whose greedy output is the target's (tests/vllm);
     `latency_units` is its progress total (default: the latency grid's size)."""
     if not prompts:
         raise InputError("no prompts to profile", field="prompts")
@@ -292,8 +298,6 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
                          field="temperature")
     start = time.perf_counter()
     import torch
-
-    from autospec.telemetry import TelemetrySampler
 
     sampler = TelemetrySampler().start()  # SM clock, utilization, memory, power on a background thread
     try:
@@ -312,8 +316,6 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
 
 def write_profile(run_dir: Path, result: ProfileResult, settings: ProfileSettings, extra: dict[str, Any]) -> None:
     """Write DIR/profile/{latency,acceptance}.parquet, telemetry.json and profile.json (all atomic)."""
-    from autospec.artifacts import write_json
-
     prof = Path(run_dir) / "profile"
     write_parquet(prof / "latency.parquet", result.latency)
     write_parquet(prof / "acceptance.parquet", result.acceptance)
@@ -327,10 +329,7 @@ def select_prompts(prompt_files: Sequence[Path], per_domain: int, dataset=None, 
                    vocab: dict | None = None):
     """Acceptance-trace prompts: the bundled domain sets, or the user's files (or named `dataset`, a
     `DatasetSelection`) with at most `per_domain` of each domain (a file may mix domains). `vocab`
-    (`generate.random_vocab`) is what the `random` dataset draws token ids from."""
-    from autospec.workloads.default_prompts import bundled_prompt_sets
-    from autospec.workloads.prompts import load_prompts
-
+    (`serving.factory.random_vocab`) is what the `random` dataset draws token ids from."""
     if dataset is not None:
         if prompt_files:
             raise InputError("give a dataset or prompt files, not both", field="dataset")
@@ -355,20 +354,16 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     """`autospec profile`: time the pair on `engine_kind` (torch, or vllm for the step latency), record
     acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json. The trace prompts
     come from `prompt_files`, or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
-    import functools
-
-    from autospec.artifacts import build_manifest, write_json
-    from autospec.config import EngineSpec
-    from autospec.generate import build_engine, load_tokenizer, prompt_token_ids, random_vocab
-    from autospec.workloads.prompts import prompt_set_digest
+    from autospec.serving.factory import build_engine, load_tokenizer, prompt_token_ids, random_vocab
 
     latency_from = latency_units = None
     if engine_kind == "vllm":
-        from autospec.serving.vllm import engine as vllm_engine
+        from autospec.serving.vllm import latency_profile as vllm_profile
+        from autospec.serving.vllm.engine import require_vllm
 
-        vllm_engine.require_vllm()
-        latency_from = functools.partial(vllm_engine.profile_latency, pair.target, pair.draft)
-        latency_units = vllm_engine.profile_units(settings)
+        require_vllm()
+        latency_from = functools.partial(vllm_profile.profile_latency, pair.target, pair.draft)
+        latency_units = vllm_profile.profile_units(settings)
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)

@@ -29,6 +29,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TextIO
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 from autospec.errors import InputError
 
 DEFAULT_INTERVAL_S = 10.0  # [chosen] often enough to plan by, rare enough not to flood a CI log
@@ -144,9 +146,6 @@ class Reporter:
         self._lock = threading.Lock()  # optuna callbacks or the telemetry thread may report concurrently
         self._rich = None
         if terminal and console is not None:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-
             self._rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
 

@@ -23,13 +23,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autospec.contract import VIEW_SIGNALS
-from autospec.errors import InputError
-from autospec.policies.base import (LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy,
-                                    policy_class)
 from autospec.early_exit import EarlyExitParams
+from autospec.errors import InputError
+from autospec.policies.base import LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy, policy_class
 
 SECTIONS = ("length", "verify", "schedule")
 
@@ -68,7 +68,7 @@ class ExecutionSpec(_Strict):
 
     sm_split: float = Field(0.0, ge=0.0, lt=1.0)  # draft's share r of the SMs; 0 = no split
     # frontier-overlap chunk s_c; 0 = no overlap; "auto" = FASER's condition on the fitted models each
-    # step (policies/faser_frontier.py: without an SM split that means no overlap)
+    # step (serving/frontier.py: without an SM split that means no overlap)
     chunk_size: int | Literal["auto"] = 0
     early_exit: bool = False
     # How the draft proposes at T>0: "sample" from its distribution, or "greedy" (its argmax, verified
@@ -298,6 +298,4 @@ def apply_overrides(spec: StrategySpec, overrides: Mapping[str, Any]) -> Strateg
 
 def spec_to_toml(spec: StrategySpec) -> str:
     """The spec as a preset file (load_preset reads it back to an equal spec)."""
-    import tomli_w
-
     return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))

@@ -14,6 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+try:  # importing only loads the bindings (~15 ms); the driver is opened by nvmlInit in _nvml
+    import pynvml
+except ImportError:  # nvidia-ml-py is a dependency, but a trimmed install still runs without telemetry
+    pynvml = None
+
 METRICS = ("sm_clock_mhz", "utilization_gpu_pct", "memory_used_bytes", "power_w")
 SERIES_CAP = 2000  # samples kept verbatim in the record (the statistics use all of them)
 
@@ -22,9 +27,7 @@ SampleFn = Callable[[], list[dict[str, float]]]
 
 
 def _nvml():
-    try:
-        import pynvml
-    except ImportError:
+    if pynvml is None:
         return None, "nvidia-ml-py (pynvml) is not installed"
     try:
         pynvml.nvmlInit()

@@ -45,25 +45,35 @@ Writes `tune/best.toml` (a preset file: `autospec evaluate --strategies tune/bes
 from __future__ import annotations
 
 import hashlib
-import warnings
 import json
 import math
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autospec.artifacts import read_parquet, sha256_file, write_json, write_parquet, write_text
 from autospec.config import SCHEMA_VERSION, PairSpec
+from autospec.deploy import vllm_config, write_deploy
 from autospec.errors import InputError
-from autospec.evaluate import HEADLINE
+from autospec.evaluate import HEADLINE, open_sim_replay, open_torch_replay
 from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
 from autospec.serving.replay import Replay
-from autospec.strategy import (SearchRange, StrategySpec, apply_overrides, list_presets, load_preset,
-                               search_space, spec_to_toml)
+from autospec.strategy import (
+    SearchRange,
+    StrategySpec,
+    apply_overrides,
+    list_presets,
+    load_preset,
+    search_space,
+    spec_to_toml,
+)
+from autospec.workloads.spec import load_workload
 
 EXCLUDED_BY_DEFAULT = {"oracle"} | {f"static-k{k}" for k in range(1, 9) if k != 4}
 CHECKPOINTS = 10  # pruning reports per trial (every tenth of the workload's requests)
@@ -113,8 +123,6 @@ def candidate_specs(names: list[str] | None) -> dict[str, StrategySpec]:
 
 
 def profile_has_sm_split(profile: Path) -> bool:
-    from autospec.artifacts import read_parquet
-
     path = profile / "profile" / "latency.parquet"
     if not path.is_file():
         return False
@@ -179,9 +187,6 @@ def default_trials(specs: dict[str, StrategySpec], sm_split_axis: bool) -> list[
 def open_replay(spec: TuneSpec) -> Replay:
     """The workload on the simulator of --profile, loaded once per tune: exactly the replay
     `autospec evaluate --engine sim` runs (K_max None = the profile's)."""
-    from autospec.evaluate import open_sim_replay
-    from autospec.workloads.spec import load_workload
-
     return open_sim_replay(spec.profile, load_workload(spec.workload), k_max=spec.k_max, seed=spec.seed,
                            slo=spec.slo, max_batch=spec.max_batch)
 
@@ -223,8 +228,6 @@ class GoodputSoFar:
 
 def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
     """Same settings → same study (resume); any setting that changes a trial's result → a new study."""
-    from autospec.artifacts import sha256_file
-
     key = {
         "workload": sha256_file(spec.workload) if spec.workload.is_file() else str(spec.workload),
         "profile": str(spec.profile.resolve()), "objective": spec.objective, "slo": spec.slo.model_dump(),
@@ -287,18 +290,10 @@ def _counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the study to `spec.trials` counted trials, then write tune/ and deploy/."""
-    import optuna
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
-
-    specs = candidate_specs(spec.strategies)
-    replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
-    sm_axis = profile_has_sm_split(spec.profile)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    study = open_study(spec, out_dir, specs)
+def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Replay,
+                   sm_axis: bool) -> Callable[[Any], float | tuple[float, float]]:
+    """The study's objective: sample a strategy, replay the workload on the simulator, record the
+    headline metrics and the SLO constraint on the trial, return goodput (multi: throughput, p99 TPOT)."""
 
     def objective(trial):
         # ≤ 0 is feasible (attainment ≥ the target); a pruned trial keeps the pessimistic default
@@ -319,6 +314,22 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
             return float(metrics["throughput_tok_s"] or 0.0), float(metrics["tpot_p99"] or math.inf)
         return float(metrics["goodput"] or 0.0)
 
+    return objective
+
+
+def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the study to `spec.trials` counted trials, then write tune/ and deploy/."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    specs = candidate_specs(spec.strategies)
+    replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
+    sm_axis = profile_has_sm_split(spec.profile)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = open_study(spec, out_dir, specs)
+    objective = make_objective(spec, specs, replay, sm_axis)
     if not study.get_trials(deepcopy=False):  # a new study starts from every candidate's defaults
         for params in default_trials(specs, sm_axis)[: spec.trials]:
             study.enqueue_trial(params, skip_if_exists=True)
@@ -367,53 +378,21 @@ def ranked_trials(study, spec: TuneSpec) -> list:
 
 def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
                   budget: dict[str, Any] | None = None) -> dict[str, Any]:
-    from autospec.artifacts import write_json, write_parquet, write_text
-    from autospec.deploy import write_deploy
-
+    """tune/ (trials.parquet, pareto.parquet for multi, best.toml, summary.json) and deploy/ from the
+    finished study; returns the summary."""
     ranked = ranked_trials(study, spec)
     if not ranked:
         raise InputError("no trial completed (every trial failed or was pruned); see the study in "
                          f"{spec.storage or out_dir / 'tune' / 'study.db'}", field="trials")
     best = ranked[0]
     best_spec = StrategySpec.model_validate(best.user_attrs["spec"])
-    frame = study.trials_dataframe(attrs=("number", "value" if spec.objective == "goodput" else "values",
-                                          "state", "datetime_start", "datetime_complete", "duration",
-                                          "params", "user_attrs"))
-    frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_spec", "user_attrs_constraint")])
-    frame["state"] = frame["state"].astype(str)
-    for col in frame.columns:  # parquet wants plain types: timedeltas as seconds, mixed params as text
-        if pd.api.types.is_timedelta64_dtype(frame[col]):
-            frame[col] = frame[col].dt.total_seconds()
-        elif frame[col].dtype == object and col.startswith("params_"):
-            frame[col] = frame[col].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v))
-                                        else str(v))
-    frame["feasible"] = [_constraints(t)[0] <= 0 if t.state.name == "COMPLETE" else False
-                         for t in study.get_trials(deepcopy=False)]
+    frame = trials_frame(study, spec)
     write_parquet(out_dir / "tune" / "trials.parquet", frame)
     if spec.objective == "multi":
-        rows = [{"number": t.number, "strategy": t.params["strategy"], "throughput_tok_s": t.values[0],
-                 "tpot_p99": t.values[1], "goodput": t.user_attrs.get("goodput"),
-                 "slo_attainment": t.user_attrs.get("slo_attainment")} for t in study.best_trials]
-        write_parquet(out_dir / "tune" / "pareto.parquet", pd.DataFrame(rows))
-
-    importances: dict[str, float] = {}
-    try:
-        import optuna
-
-        target = None if spec.objective == "goodput" else (lambda t: t.values[0])
-        with warnings.catch_warnings():  # "importances will be equal" on a flat study: the numbers say so
-            warnings.simplefilter("ignore", UserWarning)
-            importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
-                study, target=target, params=["strategy"] + _shared_params(study)).items()}
-    except (RuntimeError, ValueError):
-        pass  # too few completed trials, or a single distinct value: no importance to report
-
+        write_parquet(out_dir / "tune" / "pareto.parquet", pareto_frame(study))
+    importances = param_importances(study, spec)
     confirmed = confirm_on_real_engine(spec, ranked, replay) if spec.confirm_top else []
-    tuned = best_spec.model_copy(update={"strategy": best_spec.strategy.model_copy(update={
-        "name": f"tuned-{best_spec.name}",
-        "description": f"autospec tune trial {best.number} on {spec.workload.name}: {best_spec.name} with "
-                       + (", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in best.params.items() if k != "strategy")
-                          or "its preset values")})})
+    tuned = tuned_spec(best_spec, best, spec)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "study_name": study.study_name,
@@ -444,11 +423,60 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     return summary
 
 
+def trials_frame(study, spec: TuneSpec) -> pd.DataFrame:
+    """tune/trials.parquet: Optuna's trials table in plain parquet types, plus `feasible`."""
+    frame = study.trials_dataframe(attrs=("number", "value" if spec.objective == "goodput" else "values",
+                                          "state", "datetime_start", "datetime_complete", "duration",
+                                          "params", "user_attrs"))
+    frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_spec", "user_attrs_constraint")])
+    frame["state"] = frame["state"].astype(str)
+    for col in frame.columns:  # parquet wants plain types: timedeltas as seconds, mixed params as text
+        if pd.api.types.is_timedelta64_dtype(frame[col]):
+            frame[col] = frame[col].dt.total_seconds()
+        elif frame[col].dtype == object and col.startswith("params_"):
+            frame[col] = frame[col].map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v))
+                                        else str(v))
+    frame["feasible"] = [_constraints(t)[0] <= 0 if t.state.name == "COMPLETE" else False
+                         for t in study.get_trials(deepcopy=False)]
+    return frame
+
+
+def pareto_frame(study) -> pd.DataFrame:
+    """tune/pareto.parquet (objective multi): the Pareto front of throughput vs p99 TPOT."""
+    rows = [{"number": t.number, "strategy": t.params["strategy"], "throughput_tok_s": t.values[0],
+             "tpot_p99": t.values[1], "goodput": t.user_attrs.get("goodput"),
+             "slo_attainment": t.user_attrs.get("slo_attainment")} for t in study.best_trials]
+    return pd.DataFrame(rows)
+
+
+def param_importances(study, spec: TuneSpec) -> dict[str, float]:
+    """fANOVA importances of `strategy` and the parameters every trial shares ({} when Optuna has none)."""
+    importances: dict[str, float] = {}
+    try:
+        import optuna
+
+        target = None if spec.objective == "goodput" else (lambda t: t.values[0])
+        with warnings.catch_warnings():  # "importances will be equal" on a flat study: the numbers say so
+            warnings.simplefilter("ignore", UserWarning)
+            importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
+                study, target=target, params=["strategy"] + _shared_params(study)).items()}
+    except (RuntimeError, ValueError):
+        pass  # too few completed trials, or a single distinct value: no importance to report
+    return importances
+
+
+def tuned_spec(best_spec: StrategySpec, best, spec: TuneSpec) -> StrategySpec:
+    """The best trial's strategy as a preset named tuned-<name>, its description saying where it came from."""
+    return best_spec.model_copy(update={"strategy": best_spec.strategy.model_copy(update={
+        "name": f"tuned-{best_spec.name}",
+        "description": f"autospec tune trial {best.number} on {spec.workload.name}: {best_spec.name} with "
+                       + (", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in best.params.items() if k != "strategy")
+                          or "its preset values")})})
+
+
 def best_expressible(ranked: list, spec: TuneSpec, k_max: int) -> tuple[StrategySpec, str] | None:
     """The best-ranked trial whose strategy vLLM can run, for deploy/ when the best one cannot
     (online length policies run there with the trials' K_max and the profile's fit)."""
-    from autospec.deploy import vllm_config
-
     for trial in ranked:
         candidate = StrategySpec.model_validate(trial.user_attrs["spec"])
         if vllm_config(candidate, spec.pair, spec.max_batch, k_max=k_max, fit=spec.profile)["supported"]:
@@ -471,9 +499,6 @@ def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> list
     """Re-run the best `confirm_top` distinct configurations on the torch engine (the bundled pair or
     --target/--draft; `autospec.evaluate.open_torch_replay`, as `evaluate --engine torch`) with the
     trials' K_max, latency model and SLO, and put the real metrics next to the simulated ones."""
-    from autospec.evaluate import open_torch_replay
-    from autospec.workloads.spec import load_workload
-
     real_replay = open_torch_replay(load_workload(spec.workload), spec.pair, [], profile=spec.profile,
                                     k_max=replay.k_max, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                                     latency_model=replay.latency_model)

@@ -42,8 +42,8 @@ def code_prompts(n: int) -> list:
 
 
 def prompts_ids(n: int, max_len: int) -> list[list[int]]:
-    from autospec.generate import load_tokenizer
     from autospec.models import BUNDLED_TARGET
+    from autospec.serving.factory import load_tokenizer
 
     tokenizer = load_tokenizer(BUNDLED_TARGET)
     texts = code_prompts(n)
@@ -57,8 +57,9 @@ def torch_cells(ids, batches, ks, max_tokens, repeats, threads) -> tuple[list[di
     import torch
 
     from autospec.engines.torch_engine import TorchSDEngine
-    from autospec.generate import run_generate, strategy_spec
+    from autospec.generate import run_generate
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.factory import strategy_spec
     from autospec.strategy import build_strategy
 
     torch.set_num_threads(threads)
@@ -81,10 +82,11 @@ def torch_cells(ids, batches, ks, max_tokens, repeats, threads) -> tuple[list[di
 
 
 def vllm_cells(ids, batches, ks, max_tokens, repeats) -> tuple[list[dict], dict]:
-    from autospec.serving.vllm.engine import (close_llm, engine_kwargs, generate_tokens, make_llm, read_step_log,
-                                              speculative_config_for)
-    from autospec.generate import strategy_spec
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.factory import strategy_spec
+    from autospec.serving.vllm.engine import close_llm, engine_kwargs, generate_tokens, make_llm
+    from autospec.serving.vllm.speculative_config import speculative_config_for
+    from autospec.serving.vllm.step_log import read_step_log
 
     rows, outputs = [], {}
     for k in ks:
@@ -151,7 +153,8 @@ def main() -> None:
     ratios = []
     for t in torch_rows:
         v = next(r for r in vllm_rows if r["batch"] == t["batch"] and r["k"] == t["k"])
-        ratios.append({"batch": t["batch"], "k": t["k"], "torch_over_vllm_step_latency": round(t["step_ms"] / v["step_ms"], 3),
+        ratios.append({"batch": t["batch"], "k": t["k"],
+                       "torch_over_vllm_step_latency": round(t["step_ms"] / v["step_ms"], 3),
                        "torch_over_vllm_tokens_per_s": round(t["tokens_per_s"] / v["tokens_per_s"], 3)})
     import torch
     import vllm

@@ -26,8 +26,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def speed_grid(n_prompts: int, max_tokens: int, batches: list[int], ks: list[int], repeats: int) -> dict:
     from autospec.engines.torch_engine import TorchSDEngine
-    from autospec.generate import load_tokenizer, run_generate, strategy_spec
+    from autospec.generate import run_generate
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.factory import load_tokenizer, strategy_spec
     from autospec.strategy import build_strategy
 
     engine = TorchSDEngine(BUNDLED_TARGET, BUNDLED_DRAFT)
@@ -49,11 +50,12 @@ def speed_grid(n_prompts: int, max_tokens: int, batches: list[int], ks: list[int
                 runs.setdefault((batch, k), []).append(s)
     rows = []
     for (batch, k), cell in runs.items():
-        med = lambda key: float(statistics.median(c[key] for c in cell))  # noqa: E731
-        rows.append({"batch": batch, "k": k, "tokens_per_s": round(med("tokens_per_s"), 2),
-                     "decode_tokens_per_s": round(med("decode_tokens_per_s"), 2),
-                     "acceptance_rate": round(med("acceptance_rate"), 4),
-                     "mean_accepted_per_step": round(med("mean_accepted_per_step"), 4)})
+        med = {key: float(statistics.median(c[key] for c in cell))
+               for key in ("tokens_per_s", "decode_tokens_per_s", "acceptance_rate", "mean_accepted_per_step")}
+        rows.append({"batch": batch, "k": k, "tokens_per_s": round(med["tokens_per_s"], 2),
+                     "decode_tokens_per_s": round(med["decode_tokens_per_s"], 2),
+                     "acceptance_rate": round(med["acceptance_rate"], 4),
+                     "mean_accepted_per_step": round(med["mean_accepted_per_step"], 4)})
         print(json.dumps(rows[-1]), flush=True)
     speedups = {}
     for batch in batches:

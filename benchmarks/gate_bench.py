@@ -8,11 +8,11 @@ no-sd, static-k2, static-k4 and adaspec, 3 repeats, seed 0, over the committed p
 `reports/ci-profile/`: a real `autospec profile --quick` + `autospec fit` of the bundled pair on a quiet
 2-core CPU (its manifest.json records the command: `--quick --prompts-per-domain 24` on the default
 prompt sets, so code requests replay traces of held-out stdlib code, chat and math requests traces of
-the project's own chat and math prompts). Profile on a quiet machine: under a load average of ~8 on 2 cores the fitted latency model's
-held-out error was 80-110% instead of 9-17%. The summary lands in OUT/eval/summary.json (~15-20 s on
-2 cores); --write-baseline also copies it to reports/baseline.json (do that only on purpose, and commit
-it with the change that moves the numbers — a changed workload file or profile moves them too, and the
-gate's verdict then notes that the workload differs).
+the project's own chat and math prompts). Profile on a quiet machine: under a load average of ~8 on 2
+cores the fitted latency model's held-out error was 80-110% instead of 9-17%. The summary lands in
+OUT/eval/summary.json (~15-20 s on 2 cores); --write-baseline also copies it to reports/baseline.json
+(do that only on purpose, and commit it with the change that moves the numbers — a changed workload
+file or profile moves them too, and the gate's verdict then notes that the workload differs).
 
 Why the simulator and a committed profile: CI machines differ and are noisy, so a real-engine timing
 or a profile measured on the CI runner would move with the runner, not with the code. The simulator

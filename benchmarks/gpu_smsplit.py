@@ -134,13 +134,15 @@ def main() -> int:
             for s_c in sorted({2, s // 2}):
                 d_fn, t_fn = forward_fn(draft, b, 1), forward_fn(target, b, s_c + 1)
 
-                def drafts():
+                # The loop's values are bound as defaults: the closures run only in this iteration, but
+                # the binding does not depend on that.
+                def drafts(s_c=s_c, d_fn=d_fn):
                     with engine._phase("draft"):
                         for _ in range(s_c):
                             d_fn()
                         torch.cuda.current_stream().synchronize()
 
-                def both():
+                def both(t_fn=t_fn, drafts=drafts):
                     th = threading.Thread(target=drafts)
                     th.start()
                     with engine._phase("target"):
@@ -150,7 +152,7 @@ def main() -> int:
 
                 concurrent = median_time(both, repeats, warmup, sync)
                 with engine._phase("draft"):
-                    first = median_time(lambda: [d_fn() for _ in range(s_c)], repeats, warmup,
+                    first = median_time(lambda s_c=s_c, d_fn=d_fn: [d_fn() for _ in range(s_c)], repeats, warmup,
                                         lambda: torch.cuda.current_stream().synchronize())
                 pipelined = first + (s / s_c) * concurrent
                 cell = {"batch": b, "r": r, "chunk": s_c, "pipelined_s": pipelined, "serial_s": serial}

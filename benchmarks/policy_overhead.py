@@ -82,8 +82,8 @@ def main() -> None:
 
     from autospec.artifacts import hardware_info, write_json
     from autospec.engines.torch_engine import TorchSDEngine
-    from autospec.generate import quick_latency_model
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.factory import quick_latency_model
     from autospec.strategy import build_strategy, list_presets, load_preset
 
     engine = TorchSDEngine(BUNDLED_TARGET, BUNDLED_DRAFT)

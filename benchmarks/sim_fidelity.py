@@ -56,7 +56,7 @@ def workload_prompt_file(run_dir: Path, workload: Path, n: int) -> Path:
 
     from autospec.config import PairSpec
     from autospec.evaluate import _torch_prompts
-    from autospec.generate import load_tokenizer
+    from autospec.serving.factory import load_tokenizer
     from autospec.workloads.spec import load_workload
 
     trace = load_workload(workload)

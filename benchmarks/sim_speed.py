@@ -1,7 +1,8 @@
 """Simulator speed: host wall seconds to replay a 20,000-request synthetic workload through the serving
 loop on the sim engine under one strategy (static-k4). Goal (issue 4): <= 10 s on a 2-core CPU.
 
-    python benchmarks/sim_speed.py [--run DIR] [--requests 20000] [--repeats 3] [--out benchmarks/results/sim_speed.json]
+    python benchmarks/sim_speed.py [--run DIR] [--requests 20000] [--repeats 3] \
+        [--out benchmarks/results/sim_speed.json]
 
 The simulator needs a profile: `--run DIR` names a run directory from `autospec profile` (+ `autospec
 fit`; fitted in memory when absent). Without it a quick profile of the bundled pair is made in a

@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_fidelity import (autospec, fidelity_rows, scaled_workload, workload_limits,  # noqa: E402
-                          workload_prompt_file)
+from sim_fidelity import autospec, fidelity_rows, scaled_workload, workload_limits, workload_prompt_file  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("tpot_mean", "throughput_tok_s", "tpot_p99", "ttft_mean")

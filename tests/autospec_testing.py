@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-
 REPO = Path(__file__).resolve().parents[1]
 # Real data nobody here wrote (prompt sets, traces): the one place tests look for it. AUTOSPEC_DATA_DIR
 # names it; by default the shared folder beside the checkout. Tests that need it skip without it.
@@ -25,8 +24,7 @@ def shared_file(name: str) -> Path:
 def make_tiny_model(path: Path, *, vocab: int, layers: int, hidden: int = 64, heads: int = 2, kv_heads: int = 1,
                     seed: int = 0, arch: str = "llama", logit_scale: float = 1.0) -> Path:
     """A random HF causal LM saved to `path` (weights scaled so its distributions are not flat)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                "qwen3": (Qwen3Config, Qwen3ForCausalLM)}

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+
 from autospec_testing import make_tiny_model
 
 

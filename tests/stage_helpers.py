@@ -28,7 +28,8 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
         for batch in (1, 2, 4, 8):
             for context in (32, 128, 512):
                 for tokens in (range(1, K_MAX + 2) if model == "target" else (1,)):
-                    t = a * batch * context + g * batch * tokens + d + (lam or {}).get(model, 0.0) * np.log2(batch * tokens)
+                    t = (a * batch * context + g * batch * tokens + d
+                         + (lam or {}).get(model, 0.0) * np.log2(batch * tokens))
                     t *= 1 + noise * rng.standard_normal()
                     rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
                                  "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})

@@ -13,20 +13,20 @@ any lower one):
    hub ids; `config` and `artifacts` resolve pairs with it), `models` (the package: the bundled pair's
    paths, data only), `early_exit` (FASER's token-wise early-exit rules: pure functions and their
    parameter model, applied by the torch engine and named by strategies, so below both).
-1. siblings — `workloads/`, `policies/` (`policies/faser_frontier.py` included: FASER's chunk-size rule,
-   which the serving step applies), `engines/` (torch, llama, sim, sm_split; the simulator takes fitted
-   data, it does not read or fit run directories). None imports another.
+1. siblings — `workloads/`, `policies/`, `engines/` (torch, llama, sim, sm_split; the simulator takes
+   fitted data, it does not read or fit run directories). None imports another.
 2. records — `config`, `artifacts`, `calibration` (the profile's tables and fit/models.json as data).
    [chosen] Intended as foundation, but `config.PromptSpec.dataset_selection` builds a
    `workloads.datasets.DatasetSelection`, and `artifacts` reads `config.SCHEMA_VERSION`, so they sit just
    above the siblings; nothing below them reads a run directory.
-3. serving — `serving/` (the loop, its step and state, and runners: `serving/vllm/` runs vLLM — which
-   schedules itself and so is not an `Engine` the loop can drive — with an online length policy in its
-   scheduler), `strategy` (composes policies into what the loop runs), `generate` (the engine factory
-   and the one-request driver `autospec generate` uses).
+3. serving — `serving/` (the loop, its step and state, the records it writes (`serving/records.py`),
+   FASER's chunk-size rule the step applies (`serving/frontier.py`: not a policy), and runners:
+   `serving/vllm/` runs vLLM — which schedules itself and so is not an `Engine` the loop can drive — with
+   an online length policy in its scheduler; `serving/factory.py` builds the torch engine and its
+   inputs), `strategy` (composes policies into what the loop runs).
 4. stages — `profile`, `fit` (also builds a simulator from a run directory: `FittedSimEngine.from_dirs`,
-   which may fit in memory), `tune`, `evaluate`, `deploy`, `report/`, `gate`, `pipeline`, and the
-   bundled pair's tools `models.card` / `models.train` (they run the engine factory).
+   which may fit in memory), `tune`, `evaluate`, `deploy`, `report/`, `gate`, `pipeline`, `generate`
+   (`autospec generate`'s runner). The training tools live outside the package (`training/`).
 5. cli — `cli`, `__main__`.
 """
 
@@ -46,10 +46,10 @@ LAYERS: list[tuple[str, bool, dict[str, str]]] = [
     ("siblings", True, {"autospec.workloads": "workloads", "autospec.policies": "policies",
                         "autospec.engines": "engines"}),
     ("records", False, {m: "records" for m in ("autospec.config", "autospec.artifacts", "autospec.calibration")}),
-    ("serving", False, {m: "serving" for m in ("autospec.serving", "autospec.strategy", "autospec.generate")}),
+    ("serving", False, {m: "serving" for m in ("autospec.serving", "autospec.strategy")}),
     ("stages", False, {m: "stages" for m in (
         "autospec.profile", "autospec.fit", "autospec.tune", "autospec.evaluate", "autospec.deploy",
-        "autospec.report", "autospec.gate", "autospec.pipeline", "autospec.models.card", "autospec.models.train")}),
+        "autospec.report", "autospec.gate", "autospec.pipeline", "autospec.generate")}),
     ("cli", False, {"autospec.cli": "cli", "autospec.__main__": "cli"}),
 ]
 
@@ -196,5 +196,5 @@ def test_the_checks_catch_an_upward_import_a_sibling_import_and_a_cycle():
     assert "from autospec.fit import load_fit" in bad[0] and "errors.py:3" in bad[0]
     assert "autospec.engines.sim (engines) imports autospec.policies.static (policies, a sibling" in bad[1]
     assert cycles(mods, edges) == [["autospec.fit", "autospec.profile"]]
-    assert placement("autospec.models.card")[1] == "stages" and placement("autospec.models")[1] == "foundation"
+    assert placement("autospec.generate")[1] == "stages" and placement("autospec.models")[1] == "foundation"
     assert placement("autospec.nowhere") is None

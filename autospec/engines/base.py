@@ -1,17 +1,64 @@
-"""The Engine contract every engine (torch, vllm, sim) implements; see docs/architecture.md.
+"""The Engine contract: what the serving loop calls on an engine, and what it may offer besides.
 
-The serving loop drives an engine with a handful of calls: `add` (prefill, returns the first token),
-`draft` (one more draft token for each of some requests), `verify` (run the target over a per-request
-number of drafted tokens and commit what the acceptance rule keeps), `remove`, and a clock. Engines never
-import policies; they exchange the plain records of `autospec.contract`.
+The serving loop (`autospec.serving.loop.serve`, with its step `autospec.serving.step.sd_step`) drives
+any object that implements `Engine`; see docs/architecture.md, "Engines". Engines never import
+policies; they exchange the plain records of `autospec.contract`.
+
+Required — the `Engine` protocol; an engine that has only these runs every strategy:
+
+* `k_max`, `temperature` — the most drafts a step may ask of one request, and the sampling temperature.
+* `add(requests)` — prefill `GenRequest`s together; a `PrefillResult` with the engine's ids for them,
+  each one's first token (the next token of a resumed request) and whether that finished it.
+* `draft(req_ids)` — one more draft token for each of these requests (one draft pass), in order.
+* `verify(plan)` — run the target over `plan[id]` of each request's drafts and commit what the
+  acceptance rule keeps; a `StepOutcome` in the plan's order. The round's drafts are spent.
+* `remove(req_ids)` — free requests (finished, or preempted: the loop re-adds those later).
+* `output(req_id)` — the tokens a request committed since its `add`.
+* `now()` — the engine's clock in seconds; every time the loop records is read from it.
+* `idle_until(t)` — let time pass until `now()` reaches `t` (nothing to run until the next arrival, or
+  a preemption's switch cost): a real engine sleeps, the simulator jumps its clock. [chosen] Required,
+  not optional: only the engine knows what its clock is — a loop that slept on its own would never
+  move a simulated clock.
+
+Optional capabilities — each a runtime-checkable Protocol below. The loop resolves them once per
+replay with `offers(engine, Capability)` and calls no member of one the engine does not offer:
+
+* `BatchedDraftRounds` — `draft_rounds(req_ids, lengths)`: every round of a step whose lengths are
+  fixed up front, in one call. Without it: `draft_round_by_round`, one `draft` call per round (the
+  same tokens and clock; the simulator offers it because those calls are most of a long replay).
+* `FrontierStep` — `frontier_chunk` and `frontier_step(lengths, chunk)`: FASER's frontier overlap
+  (docs/policies.md §4). Without it: every step drafts, then verifies (a strategy's chunk_size has
+  no effect).
+* `ExecutionConfig` — `configure_execution(execution, faser)`: the strategy's execution config
+  (early exit, frontier chunk, SM split) applied before the replay. Without it: not applied.
+* `DraftSampling` — `set_draft_sampling(mode)`: sampled or greedy proposals at T>0 as the strategy
+  says. Without it: the engine keeps its own proposal rule.
+* `SpeculativeSwitch` — `set_speculative(enabled)`: told that a strategy never drafts (the simulator
+  then prices a plain engine's passes). Without it: nothing changes.
+* `FusedPrefill` — `fused_prefill`: True when, as in vLLM, admitted requests are prefilled inside
+  the running requests' step and draft from the next one. Without it: False (prefill, then the step).
+* `TrueMatchLength` — `true_match_len(req_id)`: the draft's true match length at the request's
+  position (the oracle's signal). Without it: `RequestView.true_match_len` stays None, and
+  `evaluate` refuses the oracle strategy up front.
+* `SwapCost` — `swap_cost_s(context_tokens)`: the KV switch cost of preempting a request, charged
+  to the clock. Without it: a preemption costs only the recompute prefill at re-admission.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from functools import cache
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from autospec.contract import DraftToken, StepOutcome
+from autospec.latency import FaserModels
+
+__all__ = [
+    "GenRequest", "PrefillResult", "Engine",
+    "BatchedDraftRounds", "FrontierStep", "ExecutionConfig", "DraftSampling", "SpeculativeSwitch",
+    "FusedPrefill", "TrueMatchLength", "SwapCost", "CAPABILITIES",
+    "offers", "capabilities_of", "draft_round_by_round",
+]
 
 
 @dataclass(frozen=True)
@@ -35,7 +82,10 @@ class PrefillResult:
     time_s: float
 
 
+@runtime_checkable
 class Engine(Protocol):
+    """The required members (module docstring)."""
+
     k_max: int
     temperature: float
 
@@ -57,14 +107,99 @@ class Engine(Protocol):
         ...
 
 
-def draft_rounds(engine: Engine, req_ids: Sequence[int], lengths: Sequence[int]) -> list[list[DraftToken]]:
-    """Draft `lengths[i]` tokens for request `req_ids[i]`: round j drafts one token for every request
-    with lengths > j — exactly the calls the one-token-at-a-time loop makes for lengths decided up
-    front. An engine may provide a batched `draft_rounds(req_ids, lengths)` with the same result and
-    timing (the simulator does; it is most of a long replay's time otherwise)."""
-    own = getattr(engine, "draft_rounds", None)
-    if callable(own):
-        return own(req_ids, lengths)
+# --- optional capabilities (module docstring: what the loop does without each) ---------------------
+
+
+@runtime_checkable
+class BatchedDraftRounds(Protocol):
+    def draft_rounds(self, req_ids: Sequence[int], lengths: Sequence[int]) -> list[list[DraftToken]]:
+        """`lengths[i]` drafts for request `req_ids[i]` in one call, with exactly the tokens and clock of
+        `draft_round_by_round` (round j drafts one token for every request with lengths > j)."""
+        ...
+
+
+@runtime_checkable
+class FrontierStep(Protocol):
+    # the chunk size (an int), "auto" (the serving step picks it per step from the fit's FASER
+    # models) or None / 0 (no overlap); set by `configure_execution` or directly
+    frontier_chunk: int | str | None
+
+    def frontier_step(self, lengths: Mapping[int, int], chunk: int) -> StepOutcome:
+        """One step drafting up to `lengths[id]` tokens per request in chunks of `chunk`, verifying
+        chunk c while chunk c+1 is drafted; every draft made is verified (verify policy `all`)."""
+        ...
+
+
+@runtime_checkable
+class ExecutionConfig(Protocol):
+    def configure_execution(self, execution: Any, faser: FaserModels | None = None) -> None:
+        """Apply a strategy's `ExecutionSpec` (typed Any: engines do not import strategies) with the
+        fit's FASER models when the replay has them."""
+        ...
+
+
+@runtime_checkable
+class DraftSampling(Protocol):
+    def set_draft_sampling(self, mode: str) -> None:
+        """At T>0, draw each proposal ("sample") or propose the draft's argmax ("greedy")."""
+        ...
+
+
+@runtime_checkable
+class SpeculativeSwitch(Protocol):
+    def set_speculative(self, enabled: bool) -> None:
+        """Whether the engine serves with speculative decoding configured (False: a no-SD strategy)."""
+        ...
+
+
+@runtime_checkable
+class FusedPrefill(Protocol):
+    fused_prefill: bool  # vLLM's step structure: prefills run inside the running requests' step
+
+
+@runtime_checkable
+class TrueMatchLength(Protocol):
+    def true_match_len(self, req_id: int) -> int | None:
+        """How many drafts the target would accept at the request's position (None: unknown id)."""
+        ...
+
+
+@runtime_checkable
+class SwapCost(Protocol):
+    def swap_cost_s(self, context_tokens: int) -> float:
+        """Seconds a preemption of a request with this context costs (its KV switched out)."""
+        ...
+
+
+CAPABILITIES: tuple[type, ...] = (BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling,
+                                  SpeculativeSwitch, FusedPrefill, TrueMatchLength, SwapCost)
+
+
+@cache
+def _methods(protocol: type) -> tuple[str, ...]:
+    return tuple(name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_"))
+
+
+def offers(obj: object, capability: type) -> bool:
+    """Whether `obj` offers `capability` (a runtime-checkable Protocol): `isinstance(obj, capability)`,
+    with the typing rule that a method set to None is not offered.
+
+    Python 3.12's isinstance applies that rule to every protocol; 3.11's skips it for a protocol of
+    methods only when the object's class defines them, so it is applied here (a test hides the
+    simulator's `draft_rounds` by setting it to None on the instance). An isinstance check on a
+    runtime protocol costs microseconds: callers on a hot path resolve once per replay."""
+    return isinstance(obj, capability) and all(getattr(obj, m) is not None for m in _methods(capability))
+
+
+def capabilities_of(obj: object) -> frozenset[type]:
+    """Every capability in CAPABILITIES that `obj` offers."""
+    return frozenset(c for c in CAPABILITIES if offers(obj, c))
+
+
+def draft_round_by_round(engine: Engine, req_ids: Sequence[int], lengths: Sequence[int]) -> list[list[DraftToken]]:
+    """`BatchedDraftRounds.draft_rounds` on any Engine: draft `lengths[i]` tokens for request
+    `req_ids[i]`, round j drafting one token for every request with lengths > j — exactly the `draft`
+    calls the one-token-at-a-time step makes for lengths decided up front."""
     out: list[list[DraftToken]] = [[] for _ in req_ids]
     for j in range(max(lengths, default=0)):
         chosen = [i for i, k in enumerate(lengths) if k > j]

@@ -171,6 +171,10 @@ class _SimRequest:
 class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
 
+    Capabilities: BatchedDraftRounds, FrontierStep, ExecutionConfig, SpeculativeSwitch, FusedPrefill,
+    TrueMatchLength, SwapCost (autospec.engines.base; not DraftSampling: replayed traces fix the
+    proposals).
+
     It takes fitted data — the traces and the clock's costs — and reads no run directory:
     `autospec.fit.FittedSimEngine.from_dirs` builds one from profile/ and fit/ (fitting in memory when
     fit/ is absent), because engines never import a stage (tests/test_layers.py)."""
@@ -390,7 +394,7 @@ class SimEngine:
     def verify(self, plan: Mapping[int, int]) -> StepOutcome:
         """Accept per the trace (module docstring), commit accepted + 1 tokens, charge one target pass."""
         tr = self.traces
-        match, tt, klds, tprobs = tr.match, tr.target_token, tr.klds, tr.target_probs
+        match, tt = tr.match, tr.target_token
         greedy = self.temperature == 0
         req_ids = list(plan)
         drafted_l, verified_l, accepted_l, committed_l, finished_l, pos_l = [], [], [], [], [], []
@@ -404,7 +408,7 @@ class SimEngine:
             k = r.drafted
             n = 0 if n < 0 else (k if n > k else n)
             p, off, rn = r.p, r.off, r.n
-            if greedy:
+            if greedy:  # `_accept_greedy`, inlined: this loop runs per request per step
                 m = match[p]
                 a = n if n < m else m
                 if off + a < rn:  # no wrap: the accepted drafts and the bonus are the trace's next tokens
@@ -412,12 +416,7 @@ class SimEngine:
                 else:
                     new = [tt[r.base + (off + i) % rn] for i in range(a + 1)]
             else:
-                probs = tr.accept_probs[p]
-                a = 0
-                while a < n and self._uniform() < probs[a]:
-                    a += 1
-                new = tr.chain_tokens[p][:a]
-                new.append(tt[r.base + (off + a) % rn])
+                a, new = self._accept_sampled(r, n)
             c = len(new)
             room = r.room
             finished = c >= room
@@ -443,18 +442,44 @@ class SimEngine:
             committed_l.append(new)
             finished_l.append(finished)
             pos_l.append(p)
-        a_, g_, d_ = self._target_coef
-        dt = a_ * context + g_ * tokens + d_ if req_ids else 0.0
-        if self._target_lam and req_ids:
-            dt += self._target_lam * math.log2(tokens)
+        dt = self._target_pass_s(context, tokens) if req_ids else 0.0
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
         return StepOutcome(req_ids=req_ids, drafted=drafted_l, verified=verified_l, accepted=accepted_l,
                            committed=committed_l, finished=finished_l,
-                           target_probs=_TraceSlices(tprobs, pos_l, verified_l),
-                           klds=_TraceSlices(klds, pos_l, verified_l),
+                           target_probs=_TraceSlices(tr.target_probs, pos_l, verified_l),
+                           klds=_TraceSlices(tr.klds, pos_l, verified_l),
                            draft_time_s=draft_s, verify_time_s=dt)
+
+    def _accept_greedy(self, r: _SimRequest, n: int) -> tuple[int, list[int]]:
+        """T=0: of n verified drafts the first min(n, m) are accepted; the committed tokens (accepted
+        drafts and the bonus) are the trace's next a + 1 tokens, wrapping around its end."""
+        tt, p = self.traces.target_token, r.p
+        a = min(n, self.traces.match[p])
+        if r.off + a < r.n:
+            return a, tt[p: p + a + 1]
+        return a, [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
+
+    def _accept_sampled(self, r: _SimRequest, n: int) -> tuple[int, list[int]]:
+        """T>0: chain position j is accepted with its recorded probability until the first rejection;
+        the committed tokens are the chain's accepted drafts and the trace's target token after them."""
+        tr, p = self.traces, r.p
+        probs = tr.accept_probs[p]
+        a = 0
+        while a < n and self._uniform() < probs[a]:
+            a += 1
+        new = tr.chain_tokens[p][:a]
+        new.append(tr.target_token[r.base + (r.off + a) % r.n])
+        return a, new
+
+    def _target_pass_s(self, context: int, tokens: int) -> float:
+        """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b), N_b = tokens fed."""
+        a, g, d = self._target_coef
+        dt = a * context + g * tokens + d
+        if self._target_lam:
+            dt += self._target_lam * math.log2(tokens)
+        return dt
 
     # ------------------------------------------------------------------ FASER frontier overlap
     # Kept apart from the hot draft/verify paths above: only strategies with execution.chunk_size use it.
@@ -497,7 +522,6 @@ class SimEngine:
         if chunk < 1:
             raise InputError(f"frontier chunk size must be >= 1, got {chunk}", field="chunk_size")
         tr, reqs, k_max = self.traces, self._reqs, self.k_max
-        match, tt = tr.match, tr.target_token
         greedy = self.temperature == 0
         ids = list(lengths)
         made_l, verified_l, accepted_l, committed_l, finished_l, tp_l, kl_l = [], [], [], [], [], [], []
@@ -508,43 +532,18 @@ class SimEngine:
             if r.finished:
                 raise ValueError(f"request {rid} is finished")
             t = max(0, min(int(lengths[rid]), k_max))
-            p = r.p
-            if greedy:  # acceptance and tokens as `verify` decides them for t drafts
-                a = min(t, match[p])
-                new = tt[p: p + a + 1] if r.off + a < r.n else [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
-            else:
-                probs = tr.accept_probs[p]
-                a = 0
-                while a < t and self._uniform() < probs[a]:
-                    a += 1
-                new = tr.chain_tokens[p][:a] + [tt[r.base + (r.off + a) % r.n]]
-            made = min(chunk, t)
-            first.append(made)
-            verified = accepted = committed = 0
-            passes = []
-            while True:  # the chunk walk of TorchSDEngine.frontier_step for this request
-                n = min(chunk, made - verified)
-                more = min(made + chunk, t) - made
-                made += more
-                got = min(n, a - verified)
-                passes.append((n, more, committed))
-                verified += n
-                accepted += got
-                if more > 0 and got == n:  # carried: no bonus, the pre-drafted chunk is verified next
-                    committed += min(n, r.room - committed)
-                    if committed >= r.room:
-                        break
-                    continue
-                committed += min(got + 1, r.room - committed)
-                break
+            # acceptance and tokens as `verify` decides them for t drafts (same draws, same order)
+            a, new = self._accept_greedy(r, t) if greedy else self._accept_sampled(r, t)
+            first.append(min(chunk, t))
+            passes, made, verified, accepted, committed = _frontier_walk(t, a, chunk, r.room)
             schedules.append(passes)
             made_l.append(made)
             verified_l.append(verified)
             accepted_l.append(accepted)
             committed_l.append(new[:committed])
             finished_l.append(committed >= r.room)
-            tp_l.append(tr.target_probs[p][:verified])
-            kl_l.append(tr.klds[p][:verified])
+            tp_l.append(tr.target_probs[r.p][:verified])
+            kl_l.append(tr.klds[r.p][:verified])
         draft_s, verify_s = self._frontier_time(ids, first, schedules)
         for rid, new, fin in zip(ids, committed_l, finished_l):  # commit after the passes are timed
             r = reqs[rid]
@@ -574,8 +573,6 @@ class SimEngine:
             self.draft_rounds(ids, first)  # the first chunk, on the hot path's clock
             draft_s = 0.0
         verify_s = 0.0
-        a, g, d = self._target_coef
-        lam = getattr(self, "_target_lam", 0.0)
         for k in range(n_rounds):
             active = [(rid, sch[k]) for rid, sch in zip(ids, schedules) if len(sch) > k]
             drafting = [(rid, more) for rid, (_, more, _) in active if more > 0]
@@ -588,7 +585,7 @@ class SimEngine:
             else:
                 if drafting:  # the next chunk, drafted while this one is verified (serially here)
                     self.draft_rounds([rid for rid, _ in drafting], [m for _, m in drafting])
-                dt = a * context + g * tokens + d + (lam * math.log2(tokens) if lam else 0.0)
+                dt = self._target_pass_s(context, tokens)
                 self._clock += dt
                 self.totals["verify_s"] += dt
                 verify_s += dt
@@ -598,3 +595,29 @@ class SimEngine:
             self.totals["verify_s"] += verify_s
         draft_s, self._draft_since_verify = self._draft_since_verify + draft_s, 0.0
         return draft_s, verify_s
+
+
+def _frontier_walk(t: int, a: int, chunk: int, room: int) -> tuple[list[tuple[int, int, int]], int, int, int, int]:
+    """The chunk walk of `TorchSDEngine.frontier_step` for one request drafting t tokens of which the
+    first a are accepted, with room for `room` more tokens: its target passes as (drafts verified,
+    drafts made during that pass, tokens committed before it), then the drafts made, verified and
+    accepted and the tokens committed over the step."""
+    made = min(chunk, t)
+    verified = accepted = committed = 0
+    passes = []
+    while True:
+        n = min(chunk, made - verified)
+        more = min(made + chunk, t) - made
+        made += more
+        got = min(n, a - verified)
+        passes.append((n, more, committed))
+        verified += n
+        accepted += got
+        if more > 0 and got == n:  # carried: no bonus, the pre-drafted chunk is verified next
+            committed += min(n, room - committed)
+            if committed >= room:
+                break
+            continue
+        committed += min(got + 1, room - committed)
+        break
+    return passes, made, verified, accepted, committed

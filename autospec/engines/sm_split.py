@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
+from torch.cuda.green_contexts import GreenContext  # importable on any build; create() needs CUDA
 
 from autospec.errors import InputError
 
@@ -96,8 +97,6 @@ class SMSplit:
 
     def __init__(self, device: torch.device | str, fractions: Sequence[float]):
         require_cuda()
-        from torch.cuda.green_contexts import GreenContext
-
         self.device = torch.device(device)
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -39,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from autospec.contract import DraftToken, StepOutcome
+from autospec.early_exit import rank_threshold, should_prune, start_layer
 from autospec.engines.base import GenRequest, PrefillResult
 from autospec.engines.llama import CompactLlama, KVCache
 from autospec.errors import InputError
@@ -78,7 +81,12 @@ class _Request:
 
 
 class TorchSDEngine:
-    """Target + draft CompactLlama with per-request KV caches; implements `autospec.engines.base.Engine`."""
+    """Target + draft CompactLlama with per-request KV caches; implements `autospec.engines.base.Engine`.
+
+    Capabilities: FrontierStep, ExecutionConfig, DraftSampling (autospec.engines.base; a real engine's
+    drafting is one forward pass per round, so it has no batched draft rounds, and it knows no true
+    match length or swap cost).
+    """
 
     def __init__(
         self,
@@ -346,8 +354,6 @@ class TorchSDEngine:
     def _phase(self, which: str):
         """The green context + stream `which` ("draft" or "target") runs in under an SM split; a no-op
         context otherwise."""
-        from contextlib import nullcontext
-
         return nullcontext() if self.sm_split is None else self.sm_split.phase(which)
 
     @torch.inference_mode()
@@ -378,17 +384,54 @@ class TorchSDEngine:
         draft_q = [list(r.draft_probs[:n]) for r, n in zip(reqs, verify_n)]  # snapshot: overlap appends
         greedy_l = [r.round_greedy for r in reqs]
         tokens, q_lens = self._pad(feeds)
-        Q = tokens.shape[1]
-        rows = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
-        lens = torch.tensor([r.target_len for r in reqs], dtype=torch.long, device=self.device)
         kept = [n + 1 for n in verify_n]  # feed positions per row that reach the last layer
         hook, ee_ns = None, [0]
-        if self.early_exit is not None and Q > 1:
+        if self.early_exit is not None and tokens.shape[1] > 1:
             hook = self._early_exit_hook(tokens, kept, reqs, verify_n, ee_ns)
+        draft_ns_before = self._draft_ns_since_verify
+        logits, concurrent, serial_ns = self._target_pass(reqs, tokens, q_lens, hook, overlap)
+        # Drafts tested against a full-depth distribution: up to and including the first pruned one.
+        test_n = [min(n, k) for n, k in zip(verify_n, kept)]
+        pruned_l = [n - (k - 1) if k <= n else 0 for n, k in zip(verify_n, kept)]
+        acc_l, next_l, p_tok_l, kl_l = self._accept(logits, tokens, test_n, draft_q, greedy_l)
+        committed, finished, target_probs, klds, drafted = [], [], [], [], []
+        for i, (req, n) in enumerate(zip(reqs, verify_n)):
+            tested = test_n[i]
+            drafted.append(len(req.drafts))
+            new_tokens = self._settle(req, n, acc_l[i], tested, next_l[i], pruned_l[i], req.req_id in carry)
+            committed.append(self._commit(req, new_tokens))
+            finished.append(req.finished)
+            target_probs.append(p_tok_l[i][:tested])
+            klds.append(kl_l[i][:tested])
+        self._sync()
         # The step's time is draft_time_s + verify_time_s: drafting that runs at the same time as this pass
         # (CUDA) is inside verify_time_s and left out of draft_time_s; drafting run one after the other
         # (CPU) is draft time, taken out of verify_time_s.
-        future, serial_ns, draft_ns_before = None, 0, self._draft_ns_since_verify
+        elapsed = (time.perf_counter_ns() - t0 - serial_ns) / 1e9
+        self.totals["verify_s"] += elapsed
+        draft_s = (draft_ns_before if concurrent else self._draft_ns_since_verify) / 1e9
+        self._draft_ns_since_verify = 0
+        pruned_out: list[int] = []
+        if self.early_exit is not None:
+            pruned_out = pruned_l
+            self.early_exit_stats["verified"] += sum(verify_n)
+            self.early_exit_stats["pruned"] += sum(pruned_l)
+            self.totals["early_exit_s"] += ee_ns[0] / 1e9
+        return StepOutcome(req_ids=req_ids, drafted=drafted, verified=verify_n, accepted=acc_l, committed=committed,
+                           finished=finished, target_probs=target_probs, klds=klds, draft_time_s=draft_s,
+                           verify_time_s=elapsed, early_exit_time_s=ee_ns[0] / 1e9, pruned=pruned_out)
+
+    def _target_pass(self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor,
+                     hook: Callable[[int, torch.Tensor], int | None] | None,
+                     overlap: Callable[[], None] | None) -> tuple[torch.Tensor, bool, int]:
+        """The target's forward pass over the packed feeds, with `overlap` (the next chunk's drafting)
+        run alongside it: on a worker thread on CUDA, before it on a CPU. Returns the logits [B, Q, V]
+        (padded back to Q when early exit shortened the batch), whether the overlap ran concurrently,
+        and the nanoseconds it took when it ran serially."""
+        Q = tokens.shape[1]
+        rows = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
+        lens = torch.tensor([r.target_len for r in reqs], dtype=torch.long, device=self.device)
+        future, serial_ns = None, 0
         if overlap is not None:
             if self.device.type == "cuda":
                 future = self._overlap_pool().submit(overlap)
@@ -407,11 +450,16 @@ class TorchSDEngine:
                     future.result()
         if logits.shape[1] < Q:  # early exit shortened the batch; later positions are never read
             logits = F.pad(logits, (0, 0, 0, Q - logits.shape[1]))
-        # Drafts tested against a full-depth distribution: up to and including the first pruned one.
-        test_n = [min(n, k) for n, k in zip(verify_n, kept)]
-        pruned_l = [n - (k - 1) if k <= n else 0 for n, k in zip(verify_n, kept)]
+        return logits, future is not None, serial_ns
+
+    def _accept(self, logits: torch.Tensor, tokens: torch.Tensor, test_n: list[int], draft_q: list[list[torch.Tensor]],
+                greedy_l: list[bool]) -> tuple[list[int], list[int], list[list[float]], list[list[float]]]:
+        """The acceptance rule over a batch (module docstring): per request the accepted count, the next
+        token (correction or bonus), and per draft position the target's probability and
+        KL(target‖draft)."""
+        Q = tokens.shape[1]
         p = self._probs(logits)  # [B, Q, V]
-        B, V = len(reqs), p.shape[-1]
+        B, V = len(test_n), p.shape[-1]
         # Draft distributions and tokens at the verified positions, padded to Q-1.
         q = torch.zeros(B, max(Q - 1, 1), V, device=self.device)
         draft_tok = torch.zeros(B, max(Q - 1, 1), dtype=torch.long, device=self.device)
@@ -438,15 +486,15 @@ class TorchSDEngine:
         # The next token: from the target at the first rejected position (residual distribution at
         # T>0), or the bonus position after a fully accepted block.
         idx = accepted
-        p_next = p[torch.arange(B, device=self.device), idx]
+        rows = torch.arange(B, device=self.device)
+        p_next = p[rows, idx]
         if self.temperature == 0:
-            next_tok = logits[torch.arange(B, device=self.device), idx].argmax(-1)
+            next_tok = logits[rows, idx].argmax(-1)
         else:
             rejected = accepted < n_t
             at = idx.clamp(max=q.shape[1] - 1)
-            q_next = q[torch.arange(B, device=self.device), at]
-            point_mass = torch.zeros_like(q_next).scatter_(1, draft_tok[torch.arange(B, device=self.device), at][:, None],
-                                                           1.0)
+            q_next = q[rows, at]
+            point_mass = torch.zeros_like(q_next).scatter_(1, draft_tok[rows, at][:, None], 1.0)
             q_next = torch.where(greedy[:, None], point_mass, q_next)
             residual = (p_next - q_next).clamp_min(0)
             mass = residual.sum(-1, keepdim=True)
@@ -454,59 +502,42 @@ class TorchSDEngine:
             dist = torch.where(rejected[:, None], residual, p_next)
             next_tok = torch.multinomial(dist, 1, generator=self.generator)[:, 0]
         kl = (p_draft_pos * (torch.log(p_draft_pos.clamp_min(KL_CLAMP)) - torch.log(q.clamp_min(KL_CLAMP)))).sum(-1)
-        acc_l, next_l, p_tok_l, kl_l = accepted.tolist(), next_tok.tolist(), p_tok.tolist(), kl.tolist()
-        committed, finished, target_probs, klds, drafted = [], [], [], [], []
-        for i, (req, n) in enumerate(zip(reqs, verify_n)):
-            a, tested = acc_l[i], test_n[i]
-            k = len(req.drafts)
-            drafted.append(k)
-            base = req.round_draft_len + req.round_pending  # draft-cache position of this round's d_1
-            if n:
-                req.acceptance = (1 - ACCEPT_EWMA) * req.acceptance + ACCEPT_EWMA * a / n
-            # No bonus token when the whole tested run was accepted but the position after it did not
-            # reach full depth (early exit), or the request carries its further drafts (frontier).
-            carried = req.req_id in carry and pruned_l[i] == 0 and a == n and k > n
-            no_bonus = a == tested and a > 0 and (pruned_l[i] > 0 or carried)
-            if no_bonus:
-                new_tokens = [d.token for d in req.drafts[:a]]
-                req.target_len += a  # last_token, d_1..d_{a-1}; d_a becomes the new last_token
-                req.last_token = req.drafts[a - 1].token
-                if carried:  # d_{a+1}.. stay: they were drafted after d_a, which is now committed
-                    req.drafts, req.draft_probs = req.drafts[a:], req.draft_probs[a:]
-                    req.round_draft_len, req.round_pending = base + a, 0
-                else:  # the draft re-feeds d_a to get its next-token distribution
-                    req.draft_len = base + a - 1
-                    req.pending = [req.drafts[a - 1].token]
-                    req.drafts, req.draft_probs = [], []
-            else:
-                new_tokens = [d.token for d in req.drafts[:a]] + [next_l[i]]
-                # Roll the caches back to the accepted prefix (see the module docstring).
-                req.target_len += 1 + a
-                req.last_token = next_l[i]
-                if k == 0:
-                    req.pending = req.pending + [next_l[i]]
-                else:
-                    req.draft_len = base + min(a, k - 1)
-                    req.pending = ([req.drafts[k - 1].token] if a == k else []) + [next_l[i]]
+        return accepted.tolist(), next_tok.tolist(), p_tok.tolist(), kl.tolist()
+
+    def _settle(self, req: _Request, n: int, a: int, tested: int, next_token: int, pruned: int,
+                may_carry: bool) -> list[int]:
+        """Fold one request's verdict into its caches (n verified, `tested` of them tested at full
+        depth, a accepted, `pruned` cut by early exit) and return the tokens it commits. No bonus token
+        when the whole tested run was accepted but the position after it did not reach full depth
+        (early exit), or the request carries its further drafts (frontier, `may_carry`)."""
+        k = len(req.drafts)
+        base = req.round_draft_len + req.round_pending  # draft-cache position of this round's d_1
+        if n:
+            req.acceptance = (1 - ACCEPT_EWMA) * req.acceptance + ACCEPT_EWMA * a / n
+        carried = may_carry and pruned == 0 and a == n and k > n
+        if a == tested and a > 0 and (pruned > 0 or carried):
+            new_tokens = [d.token for d in req.drafts[:a]]
+            req.target_len += a  # last_token, d_1..d_{a-1}; d_a becomes the new last_token
+            req.last_token = req.drafts[a - 1].token
+            if carried:  # d_{a+1}.. stay: they were drafted after d_a, which is now committed
+                req.drafts, req.draft_probs = req.drafts[a:], req.draft_probs[a:]
+                req.round_draft_len, req.round_pending = base + a, 0
+            else:  # the draft re-feeds d_a to get its next-token distribution
+                req.draft_len = base + a - 1
+                req.pending = [req.drafts[a - 1].token]
                 req.drafts, req.draft_probs = [], []
-            committed.append(self._commit(req, new_tokens))
-            finished.append(req.finished)
-            target_probs.append(p_tok_l[i][:tested])
-            klds.append(kl_l[i][:tested])
-        self._sync()
-        elapsed = (time.perf_counter_ns() - t0 - serial_ns) / 1e9
-        self.totals["verify_s"] += elapsed
-        draft_s = (draft_ns_before if future is not None else self._draft_ns_since_verify) / 1e9
-        self._draft_ns_since_verify = 0
-        pruned_out: list[int] = []
-        if self.early_exit is not None:
-            pruned_out = pruned_l
-            self.early_exit_stats["verified"] += sum(verify_n)
-            self.early_exit_stats["pruned"] += sum(pruned_l)
-            self.totals["early_exit_s"] += ee_ns[0] / 1e9
-        return StepOutcome(req_ids=req_ids, drafted=drafted, verified=verify_n, accepted=acc_l, committed=committed,
-                           finished=finished, target_probs=target_probs, klds=klds, draft_time_s=draft_s,
-                           verify_time_s=elapsed, early_exit_time_s=ee_ns[0] / 1e9, pruned=pruned_out)
+            return new_tokens
+        new_tokens = [d.token for d in req.drafts[:a]] + [next_token]
+        # Roll the caches back to the accepted prefix (see the module docstring).
+        req.target_len += 1 + a
+        req.last_token = next_token
+        if k == 0:
+            req.pending = req.pending + [next_token]
+        else:
+            req.draft_len = base + min(a, k - 1)
+            req.pending = ([req.drafts[k - 1].token] if a == k else []) + [next_token]
+        req.drafts, req.draft_probs = [], []
+        return new_tokens
 
     def _early_exit_hook(self, tokens: torch.Tensor, kept: list[int], reqs: list[_Request], verify_n: list[int],
                          spent_ns: list[int]) -> Callable[[int, torch.Tensor], int | None]:
@@ -521,8 +552,6 @@ class TorchSDEngine:
         positions per row) is updated in place; the hook returns the batch's new width (the packed
         batch is cut to its longest surviving row; shorter rows are padding, as in any verify).
         """
-        from autospec.early_exit import rank_threshold, should_prune, start_layer
-
         params = self.early_exit
         n_layers = self.target.shape.num_layers
         first = start_layer(n_layers, params.start_fraction)
@@ -594,52 +623,29 @@ class TorchSDEngine:
         if self.draft_model is None and any(target.values()):
             raise InputError("this engine has no draft model; use K=0", field="draft")
         made = {i: 0 for i in ids}
-
-        def draft_upto(limit: Mapping[int, int]) -> None:
-            # one batched draft pass per token position, for the requests below their limit
-            while True:
-                todo = [i for i in limit if made[i] < limit[i] and not self.request(i).finished]
-                if not todo:
-                    return
-                self.draft(todo)
-                for i in todo:
-                    made[i] += 1
-
-        draft_upto({i: min(chunk, target[i]) for i in ids})
-        totals = {i: {"verified": 0, "accepted": 0, "committed": [], "probs": [], "klds": [], "pruned": 0}
-                  for i in ids}
-        finished: dict[int, bool] = {}
-        draft_s = verify_s = ee_s = 0.0
+        self._draft_upto(made, {i: min(chunk, target[i]) for i in ids})
+        tally = _FrontierTally(ids)
         active = list(ids)
         while active:
             plan = {i: min(chunk, len(self.request(i).drafts)) for i in active}
             nxt = {i: min(made[i] + chunk, target[i]) for i in active if made[i] < target[i]}
-            out = self._verify(plan, carry=frozenset(nxt), overlap=(lambda: draft_upto(nxt)) if nxt else None)
-            draft_s += out.draft_time_s
-            verify_s += out.verify_time_s
-            ee_s += out.early_exit_time_s
-            still = []
-            for j, i in enumerate(out.req_ids):
-                tot = totals[i]
-                tot["verified"] += out.verified[j]
-                tot["accepted"] += out.accepted[j]
-                tot["committed"] += out.committed[j]
-                tot["probs"] += out.target_probs[j]
-                tot["klds"] += out.klds[j]
-                tot["pruned"] += out.pruned[j] if out.pruned else 0
-                finished[i] = out.finished[j]
-                req = self.request(i)
-                # carried: this chunk was accepted whole and the next one is already drafted
-                if not req.finished and req.drafts:
-                    still.append(i)
-            active = still
-        return StepOutcome(
-            req_ids=ids, drafted=[made[i] for i in ids], verified=[totals[i]["verified"] for i in ids],
-            accepted=[totals[i]["accepted"] for i in ids], committed=[totals[i]["committed"] for i in ids],
-            finished=[finished[i] for i in ids], target_probs=[totals[i]["probs"] for i in ids],
-            klds=[totals[i]["klds"] for i in ids], draft_time_s=draft_s, verify_time_s=verify_s,
-            early_exit_time_s=ee_s, pruned=[totals[i]["pruned"] for i in ids] if self.early_exit is not None else [])
+            overlap = partial(self._draft_upto, made, nxt) if nxt else None  # the next chunk, during this verify
+            out = self._verify(plan, carry=frozenset(nxt), overlap=overlap)
+            tally.add(out)
+            # still active: this chunk was accepted whole and the next one is already drafted (carried)
+            active = [i for i in out.req_ids if not self.request(i).finished and self.request(i).drafts]
+        return tally.outcome(made, early_exit=self.early_exit is not None)
 
+    def _draft_upto(self, made: dict[int, int], limit: Mapping[int, int]) -> None:
+        """Draft until each request in `limit` has made limit[id] drafts this step (or finished): one
+        batched draft pass per token position; `made` counts them."""
+        while True:
+            todo = [i for i in limit if made[i] < limit[i] and not self.request(i).finished]
+            if not todo:
+                return
+            self.draft(todo)
+            for i in todo:
+                made[i] += 1
 
     # ------------------------------------------------------------------ remove
     @torch.inference_mode()
@@ -689,3 +695,41 @@ class TorchSDEngine:
             if i >= warmup:
                 times.append((time.perf_counter_ns() - t0) / 1e9)
         return times
+
+
+class _FrontierTally:
+    """A frontier step's per-request sums over its chunk verifies (`TorchSDEngine.frontier_step`)."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+        self.verified = dict.fromkeys(ids, 0)
+        self.accepted = dict.fromkeys(ids, 0)
+        self.pruned = dict.fromkeys(ids, 0)
+        self.committed: dict[int, list[int]] = {i: [] for i in ids}
+        self.probs: dict[int, list[float]] = {i: [] for i in ids}
+        self.klds: dict[int, list[float]] = {i: [] for i in ids}
+        self.finished: dict[int, bool] = {}
+        self.draft_s = self.verify_s = self.ee_s = 0.0
+
+    def add(self, out: StepOutcome) -> None:
+        self.draft_s += out.draft_time_s
+        self.verify_s += out.verify_time_s
+        self.ee_s += out.early_exit_time_s
+        for j, i in enumerate(out.req_ids):
+            self.verified[i] += out.verified[j]
+            self.accepted[i] += out.accepted[j]
+            self.committed[i] += out.committed[j]
+            self.probs[i] += out.target_probs[j]
+            self.klds[i] += out.klds[j]
+            self.pruned[i] += out.pruned[j] if out.pruned else 0
+            self.finished[i] = out.finished[j]
+
+    def outcome(self, made: Mapping[int, int], early_exit: bool) -> StepOutcome:
+        """One StepOutcome over the whole step; `made` counts the drafts made per request."""
+        ids = self.ids
+        return StepOutcome(
+            req_ids=ids, drafted=[made[i] for i in ids], verified=[self.verified[i] for i in ids],
+            accepted=[self.accepted[i] for i in ids], committed=[self.committed[i] for i in ids],
+            finished=[self.finished[i] for i in ids], target_probs=[self.probs[i] for i in ids],
+            klds=[self.klds[i] for i in ids], draft_time_s=self.draft_s, verify_time_s=self.verify_s,
+            early_exit_time_s=self.ee_s, pruned=[self.pruned[i] for i in ids] if early_exit else [])

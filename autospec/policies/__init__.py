@@ -4,12 +4,41 @@ Importing this package registers every built-in policy; `build_length/verify/sch
 construct one by registry name. Policies never import engines.
 """
 
-from autospec.policies import (adaedl, adaspec, batch_schedule, dsde, dspark, fcfs, gp_lcb, laps_sd, las, lp_sjf,  # noqa: F401
-                               oracle, smartspec, static, threshold, verify_all)
-from autospec.policies.base import (LENGTH_POLICIES, SCHEDULE_POLICIES, VERIFY_POLICIES, LengthPolicy, Pick,
-                                    PolicyParams, SchedulePolicy, VerifyPolicy, build_length, build_policy,
-                                    build_schedule, build_verify, policy_class, register_length,
-                                    register_schedule, register_verify)
+from autospec.policies import (  # noqa: F401
+                               adaedl,
+                               adaspec,
+                               batch_schedule,
+                               dsde,
+                               dspark,
+                               fcfs,
+                               gp_lcb,
+                               laps_sd,
+                               las,
+                               lp_sjf,
+                               oracle,
+                               smartspec,
+                               static,
+                               threshold,
+                               verify_all,
+)
+from autospec.policies.base import (
+                               LENGTH_POLICIES,
+                               SCHEDULE_POLICIES,
+                               VERIFY_POLICIES,
+                               LengthPolicy,
+                               Pick,
+                               PolicyParams,
+                               SchedulePolicy,
+                               VerifyPolicy,
+                               build_length,
+                               build_policy,
+                               build_schedule,
+                               build_verify,
+                               policy_class,
+                               register_length,
+                               register_schedule,
+                               register_verify,
+)
 
 __all__ = [
     "LENGTH_POLICIES", "VERIFY_POLICIES", "SCHEDULE_POLICIES", "LengthPolicy", "VerifyPolicy",

@@ -18,8 +18,15 @@ from pydantic import Field
 
 from autospec.contract import DraftState, LatencyModel, StepContext
 from autospec.latency import sd_step_time
-from autospec.policies.base import (LengthPolicyBase, PolicyParams, VerifyPolicyBase, batch_context_tokens,
-                                    register_length, register_verify, require_latency_model)
+from autospec.policies.base import (
+    LengthPolicyBase,
+    PolicyParams,
+    VerifyPolicyBase,
+    batch_context_tokens,
+    register_length,
+    register_verify,
+    require_latency_model,
+)
 
 
 def cumulative_acceptance(confidences: Sequence[float]) -> list[float]:

@@ -21,7 +21,9 @@ How the serving loop drives one step (the order every policy may rely on):
 
 Once `keep_drafting` answers False for a request it keeps answering False for the rest of the step.
 Asking once more after the K_max-th token matters: AdaSpec's drafter learns the last token's
-confidence in that call.
+confidence in that call. A length policy that offers `FixedLengthPolicy` and answers lengths from
+`fixed_lengths(ctx)` right after `begin_step` is not asked `keep_drafting`: the step drafts those
+lengths in one engine call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autospec.contract import VIEW_SIGNALS, DraftState, LatencyModel, RequestView, StepContext, StepOutcome
 from autospec.errors import InputError
+
+__all__ = [
+    "LengthPolicy", "FixedLengthPolicy", "VerifyPolicy", "SchedulePolicy", "Pick",
+    "PolicyParams", "Policy", "LengthPolicyBase", "TargetLengthPolicy", "VerifyPolicyBase", "SchedulePolicyBase",
+    "require_latency_model", "batch_context_tokens",
+    "LENGTH_POLICIES", "VERIFY_POLICIES", "SCHEDULE_POLICIES", "REGISTRIES",
+    "register_length", "register_verify", "register_schedule",
+    "policy_class", "build_policy", "build_length", "build_verify", "build_schedule",
+]
 
 
 class PolicyParams(BaseModel):
@@ -51,6 +62,17 @@ class LengthPolicy(Protocol):
     def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]: ...
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None: ...
+
+
+@runtime_checkable
+class FixedLengthPolicy(Protocol):
+    """An optional capability of a length policy: it can tell, right after `begin_step`, every request's
+    draft length this step (aligned with ctx.requests), or None when it decides token by token. The
+    step then drafts all rounds in one engine call (`engines.base.BatchedDraftRounds`, or one `draft`
+    call per round) instead of asking `keep_drafting` per token; without it the step asks per token.
+    Every `LengthPolicyBase` has it (None by default; `TargetLengthPolicy` answers its targets)."""
+
+    def fixed_lengths(self, ctx: StepContext) -> list[int] | None: ...
 
 
 @runtime_checkable
@@ -132,8 +154,8 @@ class LengthPolicyBase(Policy):
 
     def fixed_lengths(self, ctx: StepContext) -> list[int] | None:
         """Each request's draft length this step when `begin_step` already decided it (aligned with
-        ctx.requests), else None. The step then asks the engine for all rounds at once
-        (`autospec.engines.base.draft_rounds`) instead of one keep_drafting call per token."""
+        ctx.requests), else None (`FixedLengthPolicy`). The step then asks the engine for all rounds
+        at once (`autospec.engines.base.BatchedDraftRounds`) instead of one keep_drafting call per token."""
         return None
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:

@@ -16,7 +16,6 @@ from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
-
 from pydantic import Field
 
 from autospec.contract import StepContext, StepOutcome

@@ -16,14 +16,14 @@ tokens in total is Θ = τ·SPS(B), τ the expected committed tokens, SPS(B) eng
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from autospec.contract import DraftState, StepContext
 from autospec.errors import InputError
-from autospec.policies.base import (PolicyParams, VerifyPolicyBase, batch_context_tokens, register_verify)
+from autospec.policies.base import PolicyParams, VerifyPolicyBase, batch_context_tokens, register_verify
 from autospec.policies.sts import survival
 
 Sps = Callable[[int], float]
@@ -126,8 +126,12 @@ def global_argmax_budget(surv: Sequence[Sequence[float]], sps: Sps) -> int:
 
 def _sps_values(sps: Sps, tokens: np.ndarray) -> np.ndarray:
     """SPS at many token counts: one vectorised call when `sps` accepts arrays, else one call each."""
+    # Sps is typed for one B; table_sps (and any numpy-only formula) also takes an array of them. The
+    # cast only names that duck-typed fast path: a scalar-only callable raises or returns the wrong
+    # shape, and falls through to the per-count loop.
+    vectorised = cast(Callable[[np.ndarray], object], sps)
     try:
-        out = np.asarray(sps(tokens), float)
+        out = np.asarray(vectorised(tokens), dtype=np.float64)
         if out.shape == tokens.shape:
             return out
     except (TypeError, ValueError):
@@ -138,7 +142,7 @@ def _sps_values(sps: Sps, tokens: np.ndarray) -> np.ndarray:
 def admit_top(surv: Sequence[Sequence[float]], budget: int) -> list[int]:
     """Verified lengths when the `budget` highest survivals are admitted."""
     lengths = [0] * len(surv)
-    for a, j, r in ranked_entries(surv)[:budget]:
+    for _, j, r in ranked_entries(surv)[:budget]:
         lengths[r] = max(lengths[r], j)
     return lengths
 

@@ -13,8 +13,13 @@ from typing import Any
 from pydantic import Field
 
 from autospec.contract import LatencyModel, StepContext, StepOutcome
-from autospec.policies.base import (PolicyParams, TargetLengthPolicy, batch_context_tokens, register_length,
-                                    require_latency_model)
+from autospec.policies.base import (
+    PolicyParams,
+    TargetLengthPolicy,
+    batch_context_tokens,
+    register_length,
+    require_latency_model,
+)
 
 
 class SmartSpecParams(PolicyParams):

@@ -9,6 +9,7 @@ like in every other stage; an absent one just leaves its section out.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -16,8 +17,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+import jinja2
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from markupsafe import Markup
+from plotly.offline import get_plotlyjs
 
+from autospec import __version__
+from autospec.artifacts import PARQUET_SCHEMA_KEY, read_json, read_parquet, write_text
+from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
 from autospec.errors import InputError
 from autospec.report import figures as F
 
@@ -77,11 +86,6 @@ class RunData:
 def _parquet(path: Path) -> pd.DataFrame | None:
     """A parquet artifact or None when absent. autospec's own carry a schema_version (checked); a frame
     written by another tool (Optuna's trials_dataframe via pandas) has none and is read as is."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from autospec.artifacts import PARQUET_SCHEMA_KEY, read_parquet
-
     if not path.is_file():
         return None
     try:
@@ -94,8 +98,6 @@ def _parquet(path: Path) -> pd.DataFrame | None:
 
 
 def _json(path: Path) -> dict | None:
-    from autospec.artifacts import read_json
-
     return read_json(path) if path.is_file() else None
 
 
@@ -107,9 +109,9 @@ def find_evaluations(run_dir: Path) -> list[Path]:
 
 
 def load_run(run_dir: str | Path) -> RunData:
+    # lazily: the fit stage (the simulator, every policy) costs `autospec report` ~0.1-0.2 s, paid only
+    # for a run directory with a fit/ (docs/architecture.md, "Imports")
     from autospec.fit import load_fit
-    from autospec.profile import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
-    from autospec.artifacts import read_parquet
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -253,12 +255,6 @@ def build_sections(data: RunData) -> list[dict]:
 
 
 def render_html(data: RunData, sections: list[dict]) -> str:
-    import jinja2
-    from markupsafe import Markup
-    from plotly.offline import get_plotlyjs
-
-    from autospec import __version__
-
     n = 0
     for sec in sections:
         for block in sec["blocks"]:
@@ -275,8 +271,6 @@ def render_html(data: RunData, sections: list[dict]) -> str:
 
 def _md(text: Any) -> str:
     """A table cell for markdown: tags escaped (GitHub renders HTML), pipes escaped."""
-    import html
-
     return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
 
 
@@ -317,8 +311,6 @@ def write_report(run_dir: str | Path, out_file: str | Path | None = None) -> Pat
     """Write report.html (or `out_file`) and summary.md beside it; returns the HTML path.
 
     Everything is loaded and rendered before anything is written: bad input leaves no file behind."""
-    from autospec.artifacts import write_text
-
     data = load_run(run_dir)
     if data.empty:
         raise InputError("nothing to report: no profile/, fit/, eval/ or tune/ artifacts found", path=run_dir)

@@ -119,7 +119,7 @@ def pareto(summary: Mapping[str, Any], label: str) -> go.Figure | None:
                                  hovertemplate=f"{esc(name)}<br>per-user %{{x:.3g}} tok/s<br>"
                                                "throughput %{y:.4g} tok/s<extra></extra>"))
     front, best = [], -np.inf  # maximise both: walk per-user speed downwards, keep rising throughput
-    for name, user, thr in sorted(pts, key=lambda p: (-p[1], -p[2])):
+    for _, user, thr in sorted(pts, key=lambda p: (-p[1], -p[2])):
         if thr > best:
             front.append((user, thr))
             best = thr
@@ -288,6 +288,7 @@ def calibration(acceptance: pd.DataFrame | None, fit) -> go.Figure | None:
     """STS acceptance calibration: reliability diagram (when traces exist) and ECE per position."""
     if fit is None:
         return None
+    # lazily: it loads every policy (~0.1 s), which a report of a run without fit/ never needs
     from autospec.policies.sts import survival
 
     sts = fit.models.sts

@@ -1,14 +1,17 @@
 """The continuous-batching serving loop: arrivals → schedule → (preempt, admit) → one SD step → records.
 
 Engine-agnostic: it drives any `autospec.engines.base.Engine` (torch, sim) and is, with `sd_step`, the
-only code that calls both an engine and a strategy (docs/architecture.md, "Where data flows").
+only code that calls both an engine and a strategy (docs/architecture.md, "Where data flows"). Before
+the first step it resolves, once, which optional capabilities the engine offers (`engines.base.offers`:
+draft sampling, the speculative switch, the execution config, fused prefill, the true match length, a
+swap cost; `serving.step.StepCapabilities` for the step's) and calls no member of one it does not.
+The requests it takes and the records it writes are in `autospec.serving.records`.
 
 Each iteration:
 
 1. requests whose arrival time has come (on the engine's clock, relative to the start of `serve`)
    join the waiting queue; if nothing is running or waiting, the loop idles until the next arrival
-   (`engine.idle_until(t)`: a clock jump in the simulator, a sleep on a real engine; engines without
-   it are wall-clock engines and the loop sleeps itself);
+   (`engine.idle_until(t)`: a clock jump in the simulator, a sleep on a real engine);
 2. the strategy's schedule policy picks who runs (`Pick.run`, at most `max_batch` = batch slots);
 3. the KV budget is applied in the policy's priority order: each request needs its context
    (prompt + generated) plus the tokens it may commit this step (≤ K_max + 1); a running request
@@ -16,15 +19,16 @@ Each iteration:
    fit (no bypassing the policy's order);
 4. preempted requests leave the engine (`engine.remove`) and go back to waiting; on re-admission
    they are re-added with prompt + generated tokens and their remaining max_tokens (recompute). An
-   engine that models a KV switch cost (`swap_cost_s(context_tokens)`, the simulator) is charged it
+   engine that models a KV switch cost (`SwapCost.swap_cost_s(context_tokens)`, the simulator) is charged it
    by advancing its clock (docs/policies.md §7);
 5. admitted requests are prefilled together (`engine.add`), whose first token is the request's first
    token (or the next token of a resumed one); they join this iteration's step — except on an engine
-   with `fused_prefill` (the simulator calibrated from a vLLM profile), where, as in vLLM, the
+   with `FusedPrefill.fused_prefill` set (the simulator calibrated from a vLLM profile), where, as in vLLM, the
    prefills run inside the step of the running requests, the first tokens come at that step's end
    and the new requests draft from the next step on;
 6. `sd_step` drafts, verifies and lets every policy observe, for the whole batch; the engine's
-   `true_match_len` (the simulator's oracle signal) is passed along when the engine has one.
+   `true_match_len` (the simulator's oracle signal) is passed along when the engine offers
+   `TrueMatchLength` and some policy reads it.
 
 Records are columnar lists appended once per step/request (no per-step copies), so a 20,000-request
 simulated replay spends its time in the policies and the engine, not here.
@@ -35,47 +39,30 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from itertools import chain
-from typing import Callable, Iterator, Sequence
-
-import numpy as np
-import pandas as pd
+from typing import Callable, Iterator, Sequence, cast
 
 from autospec.contract import RequestView
-from autospec.engines.base import Engine, GenRequest
+from autospec.engines.base import (
+    DraftSampling,
+    Engine,
+    ExecutionConfig,
+    FusedPrefill,
+    GenRequest,
+    SpeculativeSwitch,
+    SwapCost,
+    TrueMatchLength,
+    offers,
+)
 from autospec.errors import InputError
+from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog
 from autospec.serving.state import RequestState
-from autospec.serving.step import StepSettings, check_execution, sd_step
+from autospec.serving.step import StepCapabilities, StepSettings, check_execution, sd_step
 from autospec.strategy import Strategy
 
+__all__ = ["HISTORY_ROUNDS", "serve"]
+
 HISTORY_ROUNDS = 64  # recent rounds a policy can see in RequestView.rounds; the records keep all
-
-
-class SyntheticPrompt(Sequence[int]):
-    """`length` reproducible pseudo-random token ids in [0, vocab), materialised only when iterated.
-
-    Trace replays without prompt text (and every simulated replay) need prompts of a given length;
-    20,000 requests × thousands of tokens as Python lists would cost gigabytes, while the simulator
-    only asks for `len(prompt)`.
-    """
-
-    def __init__(self, length: int, vocab: int, seed: int):
-        if length < 1:
-            raise InputError(f"a prompt needs at least one token, got {length}", field="prompt_len")
-        self.length, self.vocab, self.seed = int(length), max(int(vocab), 1), int(seed)
-
-    def tokens(self) -> list[int]:
-        return np.random.default_rng([self.seed, self.length]).integers(0, self.vocab, self.length).tolist()
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.tokens())
-
-    def __getitem__(self, index):  # type: ignore[override]
-        return self.tokens()[index]
 
 
 class ConcatTokens(Sequence[int]):
@@ -90,137 +77,8 @@ class ConcatTokens(Sequence[int]):
     def __iter__(self) -> Iterator[int]:
         return chain(self.head, self.tail)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return list(self)[index]
-
-
-@dataclass(frozen=True)
-class ServeRequest:
-    """One request of a replay: when it arrives (seconds from the start), its prompt and token budget."""
-
-    req_id: int
-    arrival_s: float
-    prompt: Sequence[int]
-    max_tokens: int
-    domain: str = ""
-    predicted_output_len: float | None = None
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request; times are seconds since the start of `serve`. Its per-token
-    times and per-round counts are derived from the step log (`ServeRecords.requests_frame`)."""
-
-    req_id: int
-    arrival_s: float
-    prompt_len: int
-    max_tokens: int
-    domain: str
-    admitted_s: float = math.nan  # first admission (prefill start)
-    first_token_s: float = math.nan
-    finish_s: float = math.nan
-    preemptions: int = 0
-    preempt_cost_s: float = 0.0  # KV switch cost charged for its preemptions (simulator)
-    output: list[int] | None = None  # token ids, when serve(keep_outputs=True)
-
-
-@dataclass
-class StepLog:
-    """Per-step columns (one entry per SD step). k = drafted, l = verified per request, in batch order."""
-
-    start_s: list[float] = field(default_factory=list)
-    end_s: list[float] = field(default_factory=list)
-    batch: list[int] = field(default_factory=list)
-    req_ids: list[list[int]] = field(default_factory=list)
-    k: list[list[int]] = field(default_factory=list)
-    l: list[list[int]] = field(default_factory=list)  # noqa: E741 — ℓ, the verified count, as in the papers
-    accepted: list[list[int]] = field(default_factory=list)
-    c: list[list[int]] = field(default_factory=list)  # tokens committed per request (accepted + 1, clipped)
-    committed: list[int] = field(default_factory=list)
-    draft_s: list[float] = field(default_factory=list)
-    verify_s: list[float] = field(default_factory=list)
-    early_exit: list[float] = field(default_factory=list)  # pruned / verified draft tokens (FASER early exit)
-    prefill_s: list[float] = field(default_factory=list)  # prefill of requests admitted before this step
-    admitted: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    swap_s: list[float] = field(default_factory=list)
-    kv_tokens: list[int] = field(default_factory=list)  # Σ context of the batch after the step
-    # Prefill events (a request's first token, or the next token of a resumed one); `prefill_before`
-    # is the number of steps logged before it, which orders it among the request's step tokens.
-    prefill_req: list[int] = field(default_factory=list)
-    prefill_t: list[float] = field(default_factory=list)
-    prefill_before: list[int] = field(default_factory=list)
-
-
-@dataclass
-class ServeRecords:
-    strategy: str
-    requests: list[RequestRecord]
-    steps: StepLog
-    wall_s: float  # host time the replay took (not the engine's clock)
-
-    def _per_request(self) -> dict[str, list[np.ndarray]]:
-        """Token times and per-round counts of each request (in `self.requests` order), from the step
-        log: one vectorised pass instead of per-token appends inside the loop."""
-        s = self.steps
-        ids = pd.Index([r.req_id for r in self.requests])
-        n = len(ids)
-        sizes = np.asarray(s.batch, dtype=np.int64)
-        total = int(sizes.sum())
-
-        def flat(column: list[list[int]]) -> np.ndarray:
-            return np.fromiter(chain.from_iterable(column), dtype=np.int64, count=total)
-
-        step_owner = ids.get_indexer(flat(s.req_ids))
-        step_no = np.repeat(np.arange(len(sizes), dtype=np.float64), sizes)
-        by_owner = np.argsort(step_owner, kind="stable")  # keeps step order within a request
-        bounds = np.searchsorted(step_owner[by_owner], np.arange(n + 1))
-        rounds = {name: np.split(flat(col)[by_owner], bounds[1:-1])
-                  for name, col in (("rounds_drafted", s.k), ("rounds_verified", s.l),
-                                    ("rounds_accepted", s.accepted))}
-        # Token events: prefills (1 token, just before the step that followed them) and steps.
-        owner = np.concatenate([ids.get_indexer(np.asarray(s.prefill_req, dtype=np.int64)), step_owner])
-        when = np.concatenate([np.asarray(s.prefill_before, dtype=np.float64) - 0.5, step_no])
-        times = np.concatenate([np.asarray(s.prefill_t, dtype=np.float64),
-                                np.repeat(np.asarray(s.end_s, dtype=np.float64), sizes)])
-        counts = np.concatenate([np.ones(len(s.prefill_req), dtype=np.int64), flat(s.c)])
-        order = np.lexsort((when, owner))
-        token_owner = np.repeat(owner[order], counts[order])
-        token_times = np.repeat(times[order], counts[order])
-        token_bounds = np.searchsorted(token_owner, np.arange(n + 1))
-        return {"token_times": np.split(token_times, token_bounds[1:-1]), **rounds}
-
-    def requests_frame(self) -> pd.DataFrame:
-        """One row per request; list columns hold its token times and per-round counts."""
-        rows = self.requests
-        derived = self._per_request()
-        frame = pd.DataFrame({
-            "req_id": [r.req_id for r in rows],
-            "domain": [r.domain for r in rows],
-            "arrival_s": [r.arrival_s for r in rows],
-            "prompt_len": [r.prompt_len for r in rows],
-            "max_tokens": [r.max_tokens for r in rows],
-            "output_len": [len(t) for t in derived["token_times"]],
-            "admitted_s": [r.admitted_s for r in rows],
-            "first_token_s": [r.first_token_s for r in rows],
-            "finish_s": [r.finish_s for r in rows],
-            "preemptions": [r.preemptions for r in rows],
-            "preempt_cost_s": [r.preempt_cost_s for r in rows],
-            **derived,
-        })
-        if rows and rows[0].output is not None:
-            frame["output"] = [r.output for r in rows]
-        return frame
-
-    def steps_frame(self) -> pd.DataFrame:
-        s = self.steps
-        return pd.DataFrame({
-            "step": np.arange(len(s.start_s)), "start_s": s.start_s, "end_s": s.end_s, "batch": s.batch,
-            "req_ids": s.req_ids, "k": s.k, "l": s.l, "accepted": s.accepted, "c": s.c, "committed": s.committed,
-            "draft_s": s.draft_s, "verify_s": s.verify_s, "early_exit_fraction": s.early_exit,
-            "prefill_s": s.prefill_s, "admitted": s.admitted,
-            "preempted": s.preempted, "swap_s": s.swap_s, "kv_tokens": s.kv_tokens,
-        })
 
 
 def _validate(requests: Sequence[ServeRequest], max_batch: int, kv_budget_tokens: int | None) -> None:
@@ -244,17 +102,6 @@ def _validate(requests: Sequence[ServeRequest], max_batch: int, kv_budget_tokens
                              field="kv_budget_tokens")
 
 
-def _idle(engine: Engine, until: float) -> None:
-    """Advance the engine's clock to `until` (absolute, on the engine's clock)."""
-    idle_until = getattr(engine, "idle_until", None)
-    if idle_until is not None:
-        idle_until(until)
-    else:  # an engine without idle_until runs on wall-clock time (perf_counter)
-        gap = until - engine.now()
-        if gap > 0:
-            time.sleep(gap)
-
-
 def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
           settings: StepSettings, kv_budget_tokens: int | None = None, ignore_eos: bool = True,
           keep_outputs: bool = False, history_rounds: int = HISTORY_ROUNDS,
@@ -267,84 +114,106 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
     `on_finish(record)` is called with each request's RequestRecord as it finishes.
     """
     _validate(requests, max_batch, kv_budget_tokens)
-    if hasattr(engine, "set_draft_sampling"):
-        engine.set_draft_sampling(strategy.execution.draft_sampling)  # type: ignore[attr-defined]
+    _configure(engine, strategy, settings)
+    return _Serving(engine, strategy, requests, max_batch=max_batch, settings=settings,
+                    kv_budget_tokens=kv_budget_tokens, ignore_eos=ignore_eos, keep_outputs=keep_outputs,
+                    history_rounds=history_rounds, on_finish=on_finish).run()
+
+
+def _configure(engine: Engine, strategy: Strategy, settings: StepSettings) -> None:
+    """Tell the engine what the strategy asks of it, through the capabilities it offers."""
+    if offers(engine, DraftSampling):
+        cast(DraftSampling, engine).set_draft_sampling(strategy.execution.draft_sampling)
     check_execution(strategy, settings)
-    if hasattr(engine, "set_speculative"):  # the simulator prices a plain (no-SD) engine's passes apart
-        engine.set_speculative(strategy.spec.length.policy != "none")  # type: ignore[attr-defined]
-    if hasattr(engine, "configure_execution"):  # FASER: early exit, frontier chunk, SM split (torch, sim)
-        engine.configure_execution(strategy.execution, faser=settings.faser)  # type: ignore[attr-defined]
-    fused_prefill = bool(getattr(engine, "fused_prefill", False))  # the simulator of a vLLM profile
-    signals = strategy.view_signals  # keep only the request signals some policy reads (Policy.reads)
-    true_match_len = getattr(engine, "true_match_len", None) if "true_match_len" in signals else None
-    swap_cost_s = getattr(engine, "swap_cost_s", None)
-    k_max = settings.k_max
-    schedule = strategy.schedule
+    if offers(engine, SpeculativeSwitch):  # the simulator prices a plain (no-SD) engine's passes apart
+        cast(SpeculativeSwitch, engine).set_speculative(strategy.spec.length.policy != "none")
+    if offers(engine, ExecutionConfig):  # FASER: early exit, frontier chunk, SM split (torch, sim)
+        cast(ExecutionConfig, engine).configure_execution(strategy.execution, faser=settings.faser)
 
-    order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
-    by_id = {r.req_id: r for r in order}
-    records = {r.req_id: RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain)
-               for r in order}
-    pending = deque(order)
-    waiting: dict[int, RequestState] = {}
-    running: dict[int, RequestState] = {}
-    # Views handed to the schedule policy, kept alongside so a step does not rebuild one per request
-    # (each state's view is updated in place as it changes).
-    waiting_views: dict[int, RequestView] = {}
-    running_views: dict[int, RequestView] = {}
-    produced: dict[int, list[int]] = {}  # tokens of preempted requests, for their re-add (and outputs)
-    log = StepLog()
-    wall0 = time.perf_counter()
-    t0 = engine.now()
 
-    def collect_output(state: RequestState) -> list[int]:
-        return produced.pop(state.req_id, []) + list(engine.output(state.eid))
+class _Serving:
+    """One `serve` call: its queues and records, and an iteration's phases (module docstring) as methods.
 
-    def finish(states: list[RequestState], t: float) -> None:
-        if not states:
-            return
-        for s in states:
-            rec = records[s.req_id]
-            rec.finish_s = t
-            if keep_outputs:
-                rec.output = collect_output(s)
-            else:
-                produced.pop(s.req_id, None)
-            running.pop(s.req_id, None)
-            running_views.pop(s.req_id, None)
-        engine.remove([s.eid for s in states])
-        if on_finish is not None:  # progress bars, and tune's pruning (it reads the finished record)
-            for s in states:
-                on_finish(records[s.req_id])
+    The methods run once per iteration; the work per request stays in plain loops over local names, as
+    it was when this was one function — a long simulated replay's time is the policies' and the engine's."""
 
-    def first_tokens(admitted: list[tuple[RequestState, bool]], t_admit: float, t: float) -> None:
-        """Record the admitted requests' prefill tokens (emitted at `t`); finish those it completed."""
-        for s, _ in admitted:
-            rec = records[s.req_id]
-            if math.isnan(rec.admitted_s):
-                rec.admitted_s = t_admit
-                rec.first_token_s = t
-            log.prefill_req.append(s.req_id)
-            log.prefill_t.append(t)
-            log.prefill_before.append(len(log.end_s))
-        finish([s for s, fin in admitted if fin], t)
+    def __init__(self, engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
+                 settings: StepSettings, kv_budget_tokens: int | None, ignore_eos: bool, keep_outputs: bool,
+                 history_rounds: int, on_finish: Callable[[RequestRecord], None] | None):
+        self.engine, self.strategy, self.settings = engine, strategy, settings
+        self.max_batch, self.kv_budget_tokens = max_batch, kv_budget_tokens
+        self.ignore_eos, self.keep_outputs, self.history_rounds = ignore_eos, keep_outputs, history_rounds
+        self.on_finish = on_finish  # progress bars, and tune's pruning (it reads the finished record)
+        # The engine's optional capabilities, resolved once (engines/base.py: what the loop does without each).
+        # a vLLM profile's simulator
+        self.fused_prefill = offers(engine, FusedPrefill) and bool(cast(FusedPrefill, engine).fused_prefill)
+        self.signals = strategy.view_signals  # keep only the request signals some policy reads (Policy.reads)
+        self.true_match_len = (cast(TrueMatchLength, engine).true_match_len if "true_match_len" in self.signals
+                               and offers(engine, TrueMatchLength) else None)
+        self.swap_cost_s = cast(SwapCost, engine).swap_cost_s if offers(engine, SwapCost) else None
+        self.step_caps = StepCapabilities.of(engine, strategy)
 
-    while pending or waiting or running:
-        now = engine.now() - t0
+        self.order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
+        self.by_id = {r.req_id: r for r in self.order}
+        self.records = {r.req_id: RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain)
+                        for r in self.order}
+        self.pending = deque(self.order)
+        self.waiting: dict[int, RequestState] = {}
+        self.running: dict[int, RequestState] = {}
+        # Views handed to the schedule policy, kept alongside so a step does not rebuild one per request
+        # (each state's view is updated in place as it changes).
+        self.waiting_views: dict[int, RequestView] = {}
+        self.running_views: dict[int, RequestView] = {}
+        self.produced: dict[int, list[int]] = {}  # tokens of preempted requests, for their re-add (and outputs)
+        self.log = StepLog()
+        self.wall0 = time.perf_counter()
+        self.t0 = engine.now()
+
+    def run(self) -> ServeRecords:
+        engine, t0, fused_prefill = self.engine, self.t0, self.fused_prefill
+        while self.pending or self.waiting or self.running:
+            now = engine.now() - t0
+            self._arrive(now)
+            if not self.running and not self.waiting:
+                engine.idle_until(t0 + self.pending[0].arrival_s)
+                continue
+            keep, admit = self._pick(now)
+            evicted, swap_s = self._preempt(keep)
+            prefill_s, admitted, t_admit, t_first = self._admit(admit)
+            # A fused-prefill engine (vLLM's structure) runs the prefills inside this step, with the running
+            # requests: their first token comes at its end (at once if nothing runs: a prefill-only step)
+            # and they draft from the next step on.
+            batch = [s for s in (keep if fused_prefill else chain(keep, admit)) if not s.finished]
+            if admitted and not (fused_prefill and batch):
+                self._first_tokens(admitted, t_admit, t_first)
+            if not batch:
+                if not self.running and not admit and not evicted:
+                    raise RuntimeError(f"schedule policy {self.strategy.spec.schedule.policy!r} chose no request "
+                                       f"to run with {len(self.waiting)} waiting and none running")
+                continue
+            t_end = self._step(batch, now, prefill_s, len(admit), len(evicted), swap_s)
+            if admitted and fused_prefill:
+                self._first_tokens(admitted, t_admit, t_end)
+        return ServeRecords(self.strategy.name, [self.records[r.req_id] for r in self.order], self.log,
+                            time.perf_counter() - self.wall0)
+
+    def _arrive(self, now: float) -> None:
+        """Requests whose arrival time has come join the waiting queue (in arrival order)."""
+        pending, waiting, waiting_views = self.pending, self.waiting, self.waiting_views
         while pending and pending[0].arrival_s <= now:
             r = pending.popleft()
             state = RequestState(r.req_id, len(r.prompt), r.max_tokens, arrival_s=r.arrival_s, domain=r.domain,
-                                 predicted_output_len=r.predicted_output_len, history_rounds=history_rounds,
-                                 signals=signals)
+                                 predicted_output_len=r.predicted_output_len, history_rounds=self.history_rounds,
+                                 signals=self.signals)
             waiting[r.req_id] = state
             waiting_views[r.req_id] = state.live_view()
-        if not running and not waiting:
-            _idle(engine, t0 + pending[0].arrival_s)
-            continue
-        step_start = now
 
-        # --- who runs: the policy's order, then the KV budget in that order
-        pick = schedule.pick(now, list(waiting_views.values()), list(running_views.values()), max_batch)
+    def _pick(self, now: float) -> tuple[list[RequestState], list[RequestState]]:
+        """Who runs: the schedule policy's order, then the KV budget in that order; (keep, admit)."""
+        running, waiting, max_batch = self.running, self.waiting, self.max_batch
+        kv_budget_tokens, k_max = self.kv_budget_tokens, self.settings.k_max
+        pick = self.strategy.schedule.pick(now, list(self.waiting_views.values()),
+                                           list(self.running_views.values()), max_batch)
         keep: list[RequestState] = []
         admit: list[RequestState] = []
         used = 0
@@ -355,7 +224,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
             if state is None:
                 state = waiting.get(rid)
             if state is None:
-                raise RuntimeError(f"schedule policy {strategy.spec.schedule.policy!r} picked unknown "
+                raise RuntimeError(f"schedule policy {self.strategy.spec.schedule.policy!r} picked unknown "
                                    f"request {rid}")
             if kv_budget_tokens is None:
                 need, fits = 0, True
@@ -370,75 +239,83 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
                 used += need
             elif not is_running:
                 blocked = True  # admissions keep the policy's order: nobody jumps a request that waits
+        return keep, admit
+
+    def _preempt(self, keep: list[RequestState]) -> tuple[list[RequestState], float]:
+        """Every running request not kept (by the policy or the KV budget) leaves the engine and waits
+        again; (the evicted, the KV switch cost charged to the clock)."""
         kept_ids = {s.req_id for s in keep}
-
-        # --- preempt: every running request not kept (by the policy or the KV budget)
-        evicted = [s for rid, s in running.items() if rid not in kept_ids]
+        evicted = [s for rid, s in self.running.items() if rid not in kept_ids]
         swap_s = 0.0
-        if evicted:
-            for s in evicted:
-                produced[s.req_id] = collect_output(s)
-                rec = records[s.req_id]
-                rec.preemptions += 1
-                if swap_cost_s is not None:
-                    cost = float(swap_cost_s(s.context_len))
-                    rec.preempt_cost_s += cost
-                    swap_s += cost
-                del running[s.req_id]
-                del running_views[s.req_id]
-            engine.remove([s.eid for s in evicted])
-            for s in evicted:
-                s.engine_id = None
-                waiting[s.req_id] = s
-                waiting_views[s.req_id] = s.live_view()
-            # Keep the queue in arrival order (the SchedulePolicy contract); arrivals append in order,
-            # only a preempted request comes back out of place. O(queue), but only on preemption.
-            waiting = {rid: waiting[rid] for rid in sorted(waiting, key=lambda rid: (by_id[rid].arrival_s, rid))}
-            waiting_views = {rid: waiting_views[rid] for rid in waiting}
-            if swap_s > 0:
-                _idle(engine, engine.now() + swap_s)
+        if not evicted:
+            return evicted, swap_s
+        engine, records, swap_cost_s = self.engine, self.records, self.swap_cost_s
+        running, running_views = self.running, self.running_views
+        waiting, waiting_views = self.waiting, self.waiting_views
+        for s in evicted:
+            self.produced[s.req_id] = self._collect_output(s)
+            rec = records[s.req_id]
+            rec.preemptions += 1
+            if swap_cost_s is not None:
+                cost = float(swap_cost_s(s.context_len))
+                rec.preempt_cost_s += cost
+                swap_s += cost
+            del running[s.req_id]
+            del running_views[s.req_id]
+        engine.remove([s.eid for s in evicted])
+        for s in evicted:
+            s.engine_id = None
+            waiting[s.req_id] = s
+            waiting_views[s.req_id] = s.live_view()
+        # Keep the queue in arrival order (the SchedulePolicy contract); arrivals append in order,
+        # only a preempted request comes back out of place. O(queue), but only on preemption.
+        by_id = self.by_id
+        self.waiting = {rid: waiting[rid] for rid in sorted(waiting, key=lambda rid: (by_id[rid].arrival_s, rid))}
+        self.waiting_views = {rid: waiting_views[rid] for rid in self.waiting}
+        if swap_s > 0:
+            engine.idle_until(engine.now() + swap_s)
+        return evicted, swap_s
 
-        # --- admit: prefill together; the prefill's token is the (next) output token
-        prefill_s = 0.0
-        admitted: list[tuple[RequestState, bool]] = []  # (state, finished at its prefill)
-        t_admit = t_first = 0.0
-        if admit:
-            t_admit = engine.now() - t0
-            gen = []
-            for s in admit:
-                src = by_id[s.req_id]
-                done = produced.get(s.req_id)
-                prompt = src.prompt if not done else ConcatTokens(src.prompt, done)
-                gen.append(GenRequest(prompt, s.max_tokens - s.generated, ignore_eos, domain=s.domain,
-                                      trace_id=s.req_id, resumed_tokens=len(done or ())))
-            res = engine.add(gen)
-            prefill_s = res.time_s
-            t_first = engine.now() - t0
-            for s, eid, fin in zip(admit, res.req_ids, res.finished):
-                del waiting[s.req_id]
-                running_views[s.req_id] = waiting_views.pop(s.req_id)
-                s.engine_id = eid
-                s.commit(1)
-                running[s.req_id] = s
-                if fin:
-                    s.finished = True
-                admitted.append((s, fin))
-        # A fused-prefill engine (vLLM's structure) runs the prefills inside this step, with the running
-        # requests: their first token comes at its end (at once if nothing runs: a prefill-only step)
-        # and they draft from the next step on.
-        batch = [s for s in (keep if fused_prefill else chain(keep, admit)) if not s.finished]
-        if admitted and not (fused_prefill and batch):
-            first_tokens(admitted, t_admit, t_first)
-        if not batch:
-            if not running and not admit and not evicted:
-                raise RuntimeError(f"schedule policy {strategy.spec.schedule.policy!r} chose no request to "
-                                   f"run with {len(waiting)} waiting and none running")
-            continue
+    def _admit(self, admit: list[RequestState]) -> tuple[float, list[tuple[RequestState, bool]], float, float]:
+        """Prefill the admitted requests together (a resumed one with its prompt + the tokens it had);
+        the prefill's token is the (next) output token. (prefill seconds, [(state, finished at its
+        prefill)], admission time, time of the first tokens)."""
+        admitted: list[tuple[RequestState, bool]] = []
+        if not admit:
+            return 0.0, admitted, 0.0, 0.0
+        engine, t0, by_id, produced = self.engine, self.t0, self.by_id, self.produced
+        t_admit = engine.now() - t0
+        gen = []
+        for s in admit:
+            src = by_id[s.req_id]
+            done = produced.get(s.req_id)
+            prompt = src.prompt if not done else ConcatTokens(src.prompt, done)
+            gen.append(GenRequest(prompt, s.max_tokens - s.generated, self.ignore_eos, domain=s.domain,
+                                  trace_id=s.req_id, resumed_tokens=len(done or ())))
+        res = engine.add(gen)
+        t_first = engine.now() - t0
+        waiting, waiting_views = self.waiting, self.waiting_views
+        running, running_views = self.running, self.running_views
+        for s, eid, fin in zip(admit, res.req_ids, res.finished):
+            del waiting[s.req_id]
+            running_views[s.req_id] = waiting_views.pop(s.req_id)
+            s.engine_id = eid
+            s.commit(1)
+            running[s.req_id] = s
+            if fin:
+                s.finished = True
+            admitted.append((s, fin))
+        return res.time_s, admitted, t_admit, t_first
 
-        # --- one SD step over the batch
-        outcome, _ = sd_step(engine, strategy, batch, engine.now() - t0, settings, true_match_len)
+    def _step(self, batch: list[RequestState], step_start: float, prefill_s: float, admitted: int, preempted: int,
+              swap_s: float) -> float:
+        """One SD step over the batch, logged; finishes the requests it completed. Returns its end time."""
+        engine, t0 = self.engine, self.t0
+        outcome, _ = sd_step(engine, self.strategy, batch, engine.now() - t0, self.settings, self.true_match_len,
+                             caps=self.step_caps)
         t_end = engine.now() - t0
         done_now = [s for s, fin in zip(batch, outcome.finished) if fin]
+        log = self.log
         log.start_s.append(step_start)
         log.end_s.append(t_end)
         log.batch.append(len(batch))
@@ -452,12 +329,43 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
         log.verify_s.append(outcome.verify_time_s)
         log.early_exit.append(outcome.early_exit_fraction)
         log.prefill_s.append(prefill_s)
-        log.admitted.append(len(admit))
-        log.preempted.append(len(evicted))
+        log.admitted.append(admitted)
+        log.preempted.append(preempted)
         log.swap_s.append(swap_s)
         log.kv_tokens.append(sum([s.prompt_len + s.generated for s in batch]))
-        finish(done_now, t_end)
-        if admitted and fused_prefill:
-            first_tokens(admitted, t_admit, t_end)
+        self._finish(done_now, t_end)
+        return t_end
 
-    return ServeRecords(strategy.name, [records[r.req_id] for r in order], log, time.perf_counter() - wall0)
+    def _collect_output(self, state: RequestState) -> list[int]:
+        return self.produced.pop(state.req_id, []) + list(self.engine.output(state.eid))
+
+    def _finish(self, states: list[RequestState], t: float) -> None:
+        if not states:
+            return
+        records, produced, running, running_views = self.records, self.produced, self.running, self.running_views
+        for s in states:
+            rec = records[s.req_id]
+            rec.finish_s = t
+            if self.keep_outputs:
+                rec.output = self._collect_output(s)
+            else:
+                produced.pop(s.req_id, None)
+            running.pop(s.req_id, None)
+            running_views.pop(s.req_id, None)
+        self.engine.remove([s.eid for s in states])
+        if self.on_finish is not None:
+            for s in states:
+                self.on_finish(records[s.req_id])
+
+    def _first_tokens(self, admitted: list[tuple[RequestState, bool]], t_admit: float, t: float) -> None:
+        """Record the admitted requests' prefill tokens (emitted at `t`); finish those it completed."""
+        records, log = self.records, self.log
+        for s, _ in admitted:
+            rec = records[s.req_id]
+            if math.isnan(rec.admitted_s):
+                rec.admitted_s = t_admit
+                rec.first_token_s = t
+            log.prefill_req.append(s.req_id)
+            log.prefill_t.append(t)
+            log.prefill_before.append(len(log.end_s))
+        self._finish([s for s, fin in admitted if fin], t)

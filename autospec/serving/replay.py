@@ -30,11 +30,14 @@ from autospec.contract import LatencyModel
 from autospec.engines.base import Engine
 from autospec.engines.sim import SimEngine
 from autospec.latency import FaserModels
-from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
+from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo
+from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
 from autospec.strategy import StrategySpec, build_strategy
 from autospec.workloads.trace import Trace
+
+__all__ = ["Replay", "sim_replay", "step_settings", "trace_requests"]
 
 
 def trace_requests(trace: Trace, prompts: Sequence[Sequence[int]] | None = None, *,

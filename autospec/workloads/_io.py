@@ -14,7 +14,6 @@ from typing import Any, Iterator
 
 from autospec.errors import InputError
 
-
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF_BYTES = 65536
 

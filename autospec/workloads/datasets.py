@@ -25,7 +25,7 @@ expected and where to get it.
 
 `random` prompts carry `Prompt.token_ids` (their `text` is only a description); encoders send those
 ids as they are. They are drawn uniformly from [0, vocab_size) minus `exclude_ids` — the caller passes
-its tokenizer's base vocabulary size and special ids (`autospec.generate.random_vocab`), so every id
+its tokenizer's base vocabulary size and special ids (`autospec.serving.factory.random_vocab`), so every id
 is one the model can embed. [chosen] Uniform i.i.d. ids rather than vLLM's offset + consecutive ids:
 consecutive ids are an artificial pattern a draft model can learn to predict, i.i.d. ids are not.
 Lengths follow vLLM: uniform integers in [floor(L·(1−r)), ceil(L·(1+r))].
@@ -34,6 +34,7 @@ Lengths follow vLLM: uniform integers in [floor(L·(1−r)), ceil(L·(1+r))].
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ import numpy as np
 
 from autospec.errors import InputError
 from autospec.workloads.prompts import Prompt, load_prompts, prompts_from_records
+from autospec.workloads.stdlib_prompts import stdlib_prompts
 
 DEFAULT_DATASET = "stdlib"
 RANDOM_DOMAIN = "random"
@@ -189,8 +191,6 @@ def random_prompts(count: int, input_len: int = RANDOM_INPUT_LEN, *, vocab_size:
 
 
 def _stdlib(limit: int | None) -> list[Prompt]:
-    from autospec.workloads.stdlib_prompts import stdlib_prompts  # lazily: it reads the standard library
-
     return stdlib_prompts(limit)
 
 
@@ -210,8 +210,6 @@ def _missing_file(info: DatasetInfo, path: Path | None, hint: str) -> InputError
 
 
 def _datasets_importable() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("datasets") is not None
 
 

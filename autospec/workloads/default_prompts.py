@@ -1,10 +1,11 @@
 """The default prompt sets, one per domain, needing nothing outside the installed package.
 
-| domain | prompts | source |
-|---|---|---|
-| code | def/class headers with their docstrings | the running interpreter's standard library, only the files the bundled pair held out from training (`autospec.workloads.stdlib_prompts`) |
-| chat | 48 everyday assistant requests in 8 categories | written for autospec (`data/chat_prompts.jsonl`) |
-| math | 48 multi-step arithmetic word problems with answers | written for autospec (`data/math_prompts.jsonl`) |
+* code — def/class headers with their docstrings, from the running interpreter's standard library:
+  only the files the bundled pair held out from training (`autospec.workloads.stdlib_prompts`).
+* chat — 48 everyday assistant requests in 8 categories, written for autospec
+  (`data/chat_prompts.jsonl`).
+* math — 48 multi-step arithmetic word problems with answers, written for autospec
+  (`data/math_prompts.jsonl`).
 
 The bundled pair is a Python code model, so chat and math are its out-of-domain traffic: their
 acceptance is what a user's off-domain requests would see. `autospec profile`, `generate`, `run` and

@@ -1,11 +1,13 @@
 """Request-trace files → Trace, for the formats production traces are published in.
 
-| format | file | arrival | prompt / output tokens |
-|---|---|---|---|
-| azure | CSV `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure LLM inference 2023 and 2024) | date-time, e.g. `2023-11-16 18:17:03.9799600` | ContextTokens / GeneratedTokens |
-| burstgpt | CSV `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` | seconds | Request / Response tokens |
-| mooncake | JSONL `{"timestamp": ms, "input_length", "output_length", "hash_ids"}` (Mooncake, vLLM timed traces) | milliseconds | input_length / output_length |
-| servegen | per-client window CSV (see `autospec.workloads.servegen`) | generated from each window's fit | from the window's distributions |
+* azure — CSV `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure LLM inference 2023 and 2024).
+  Arrival: date-time, e.g. `2023-11-16 18:17:03.9799600`. Tokens: ContextTokens / GeneratedTokens.
+* burstgpt — CSV `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`.
+  Arrival: seconds. Tokens: Request / Response tokens.
+* mooncake — JSONL `{"timestamp": ms, "input_length", "output_length", "hash_ids"}` (Mooncake, vLLM
+  timed traces). Arrival: milliseconds. Tokens: input_length / output_length.
+* servegen — per-client window CSV (see `autospec.workloads.servegen`). Arrival: generated from each
+  window's fit. Tokens: from the window's distributions.
 
 Arrival times are re-based so the first request arrives at 0 (ServeGen keeps its windows' own clock,
 so that windows line up across clients). Rows with zero output tokens are dropped: BurstGPT records
@@ -17,9 +19,8 @@ the bytes are checked) are read transparently.
 Bundled traces ship as package data in `autospec/workloads/data/` and are named, wherever the naming
 file lives, as `bundled:<name>` (`BUNDLED_TRACES`; `bundled_trace` gives the file):
 
-| name | file | what |
-|---|---|---|
-| azure-code-2023 | azure_llm_2023_code.csv.gz | Azure LLM inference trace 2023, code: 1 h, 8,819 requests (CC-BY-4.0, see data/ATTRIBUTION.txt) |
+* azure-code-2023 — azure_llm_2023_code.csv.gz: Azure LLM inference trace 2023, code: 1 h, 8,819
+  requests (CC-BY-4.0, see data/ATTRIBUTION.txt).
 """
 
 from __future__ import annotations

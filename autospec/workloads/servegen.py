@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize, special
 
 from autospec.errors import InputError
 from autospec.workloads._io import first_line, read_text
@@ -272,6 +271,8 @@ def _shape_for_cv(dist: str, cv: float) -> float | None:
         return None
     if dist == "gamma":
         return 1.0 / cv**2
+    # lazily: scipy costs ~0.5 s, and every workload spec imports this module (docs/architecture.md, "Imports")
+    from scipy import optimize, special
 
     def weibull_cv(k: float) -> float:  # CV^2 = Gamma(1 + 2/k) / Gamma(1 + 1/k)^2 - 1, in logs for small k
         return math.sqrt(math.expm1(special.gammaln(1 + 2 / k) - 2 * special.gammaln(1 + 1 / k))) - cv

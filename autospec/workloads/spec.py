@@ -39,14 +39,24 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, \
-    field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from autospec.errors import InputError
 from autospec.workloads._io import read_text
-from autospec.workloads.loaders import BUNDLED_PREFIX, BUNDLED_TRACES, TRACE_FORMATS, load_trace
+from autospec.workloads.datasets import dataset_info, load_dataset
 from autospec.workloads.default_prompts import bundled_prompt_sets
+from autospec.workloads.loaders import BUNDLED_PREFIX, BUNDLED_TRACES, TRACE_FORMATS, load_trace
 from autospec.workloads.prompts import Prompt, load_prompts
 from autospec.workloads.synthetic import GENERATORS, MAX_REQUESTS, synthesize
 from autospec.workloads.trace import Trace
@@ -71,8 +81,6 @@ class PromptSource(BaseModel):
     def _known_dataset(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from autospec.workloads.datasets import dataset_info
-
         try:
             info = dataset_info(value)
         except InputError as exc:
@@ -208,8 +216,6 @@ class WorkloadSpec(BaseModel):
         for source in self.prompts:
             path = None if source.path is None else _resolve(Path(base_dir), source.path)
             if source.dataset is not None:
-                from autospec.workloads.datasets import load_dataset
-
                 loaded = load_dataset(source.dataset, path, limit=source.limit, domain=source.domain,
                                       seed=self.seed, field=source.field, path_hint="`path = FILE` in its source")
             else:

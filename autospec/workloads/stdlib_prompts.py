@@ -2,7 +2,7 @@
 
 The bundled pair was trained on the standard library's source, so any Python has text in the pair's
 own domain — but most of it is text the pair was trained on, and a prompt from there would measure
-recall, not speculation. `autospec.models.train` holds out the tail of its token stream for
+recall, not speculation. `training/train.py` (the repository's training tool) holds out the tail of its token stream for
 validation; the files wholly inside that tail are listed in the model card (`corpus.held_out`, by
 module path with each file's sha256). Only those files are read here, so no default prompt comes from
 a training file: a prompt whose text also stands in a training file (a docstring one module copied from
@@ -28,6 +28,7 @@ from itertools import chain, zip_longest
 from pathlib import Path
 
 from autospec.errors import InputError
+from autospec.models import MODEL_CARD
 from autospec.workloads.prompts import Prompt
 
 MIN_DOCSTRING_CHARS = 40  # [chosen] a one-word docstring gives the model nothing to continue from
@@ -37,15 +38,13 @@ MAX_PROMPT_CHARS = 2_000  # [chosen] keeps a long class docstring from filling a
 def held_out_modules(card_path: Path | None = None) -> tuple[list[dict], set[str]]:
     """The model card's held-out files [{module, path, sha256}] in training order, and the ids of the
     prompts cut from them whose text also stands in a training file (`shared_with_training`)."""
-    from autospec.models import MODEL_CARD
-
     card = json.loads((card_path or MODEL_CARD).read_text(encoding="utf-8"))
     try:
         held = card["corpus"]["held_out"]
         return list(held["files"]), set(held.get("shared_with_training", ()))
     except (KeyError, TypeError):
-        raise InputError("the model card lists no held-out files (corpus.held_out); "
-                         "run `python -m autospec.models.train held-out` on the training Python",
+        raise InputError("the model card lists no held-out files (corpus.held_out); run `python -m "
+                         "training.train held-out` (from a clone of the repository) on the training Python",
                          path=card_path or MODEL_CARD) from None
 
 
@@ -80,7 +79,8 @@ def _all_stdlib_prompts() -> tuple[Prompt, ...]:
             continue  # not in this Python's stdlib
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             continue  # another version of the module
-        per_file.append([p for p in definition_prompts(data.decode("utf-8"), entry["module"]) if p.source_id not in shared])
+        prompts = definition_prompts(data.decode("utf-8"), entry["module"])
+        per_file.append([p for p in prompts if p.source_id not in shared])
     # Interleave the files, so that the first N prompts (a quick profile's few) span many modules.
     return tuple(p for p in chain.from_iterable(zip_longest(*per_file)) if p is not None)
 

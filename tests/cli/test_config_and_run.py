@@ -11,6 +11,7 @@ import pytest
 from autospec.artifacts import read_json, write_json
 from autospec.config import RunSpec, dump_run_spec, load_run_spec
 from autospec.errors import InputError
+
 from autospec_testing import shared_file
 
 

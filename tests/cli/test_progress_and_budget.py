@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

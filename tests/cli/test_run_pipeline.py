@@ -10,7 +10,7 @@ import pytest
 
 from autospec.strategy import load_preset
 
-from stage_helpers import write_synthetic_run, synthetic_workload
+from stage_helpers import synthetic_workload, write_synthetic_run
 
 WORKLOAD = synthetic_workload("pipeline-test", rate=20, duration_s=1, max_requests=10, prompt_tokens=32,
                               output_tokens=8, bundled_prompts=True)

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from autospec.engines.llama import CompactLlama
 from autospec.errors import InputError
+
 from autospec_testing import make_tiny_model
 
 

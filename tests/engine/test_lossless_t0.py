@@ -8,9 +8,11 @@ import pytest
 from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
-from autospec.generate import load_tokenizer, run_generate, strategy_spec
+from autospec.generate import run_generate
+from autospec.serving.factory import load_tokenizer, strategy_spec
 from autospec.strategy import build_strategy
 from autospec.workloads.prompts import load_prompts
+
 from autospec_testing import shared_file
 
 MAX_TOKENS = 24

@@ -12,12 +12,14 @@ from collections import Counter
 import pytest
 
 from autospec.engines.torch_engine import TorchSDEngine
-from autospec.generate import load_tokenizer, needs_latency_model, quick_latency_model, run_generate
+from autospec.generate import run_generate
 from autospec.latency import LinearCoeffs, LinearLatencyModel
+from autospec.serving.factory import load_tokenizer, needs_latency_model, quick_latency_model
 from autospec.strategy import build_strategy, list_presets, load_preset
 from autospec.workloads.prompts import load_prompts
+from engine.test_t1_distribution import N_TOKENS, PROMPT, chi_square_p, exact_distribution
+
 from autospec_testing import shared_file
-from engine.test_t1_distribution import PROMPT, N_TOKENS, chi_square_p, exact_distribution
 
 STRATEGIES = [name for name in list_presets() if name != "oracle"]
 

@@ -80,7 +80,7 @@ def test_is_a_composite_action_whose_expressions_name_declared_inputs():
 
 def test_inputs_reach_scripts_only_through_env_and_steps_are_bash():
     ids = [step.get("id") for step in STEPS]
-    for i, (step, script) in enumerate(run_scripts()):
+    for step, script in run_scripts():
         assert step["shell"] == "bash", step.get("name")
         # an expression inside `run:` would be pasted into the script: shell injection from PR text
         assert "${{" not in script, step.get("name")

@@ -19,7 +19,7 @@ from autospec.evaluate import HEADLINE, run_evaluate, spec_from_flags
 from autospec.fit import fit_profile, write_fit
 from autospec.gate import load_gate_input, metric_direction, parse_fraction, run_gate
 
-from stage_helpers import K_MAX, write_synthetic_run, synthetic_workload
+from stage_helpers import K_MAX, synthetic_workload, write_synthetic_run
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = synthetic_workload("gate-small", rate=20, duration_s=10, max_requests=30, prompt_tokens=32,

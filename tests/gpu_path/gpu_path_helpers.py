@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from autospec.early_exit import EarlyExitParams
 from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
-from autospec.early_exit import EarlyExitParams
 
 # Aggressive constants so a tiny model actually prunes: flag a draft as soon as one token outranks it,
 # and treat checks and pruning as free (Eq. 10 always says it pays).

@@ -7,10 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
+from autospec.early_exit import EarlyExitParams
 from autospec.engines.base import GenRequest
 from autospec.engines.llama import CompactLlama
 from autospec.engines.torch_engine import TorchSDEngine
-from autospec.early_exit import EarlyExitParams
+
 from autospec_testing import make_tiny_model
 from gpu_path_helpers import EAGER, check_caches, check_counts, run_static
 
@@ -101,8 +102,9 @@ def test_fitted_times_feed_eq10(deep_tiny):
 
 
 def test_t0_bundled_pair_default_constants_lossless(bundled_pair):
-    from autospec.generate import load_tokenizer
+    from autospec.serving.factory import load_tokenizer
     from autospec.workloads.prompts import load_prompts
+
     from autospec_testing import shared_file
 
     tok = load_tokenizer(bundled_pair[0])

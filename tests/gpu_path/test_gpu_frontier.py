@@ -11,7 +11,8 @@ from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
 from autospec.latency import PiecewiseLatency
-from autospec.policies.faser_frontier import choose_chunk_size
+from autospec.serving.frontier import choose_chunk_size
+
 from gpu_path_helpers import EAGER, check_caches, check_counts, run_frontier, run_static
 
 PROMPTS = [[1, 4, 2], [3, 3, 1, 0, 2, 5, 4], [2], [5, 1, 1, 4, 2]]
@@ -46,8 +47,9 @@ def test_t0_frontier_with_early_exit_and_eos(tiny_pair):
 def test_frontier_continues_past_a_fully_accepted_chunk(bundled_pair):
     """On the bundled pair (a distilled draft) whole chunks are accepted, so steps verify more than
     one chunk and commit more than chunk + 1 tokens; output is still greedy decoding's."""
-    from autospec.generate import load_tokenizer
+    from autospec.serving.factory import load_tokenizer
     from autospec.workloads.prompts import load_prompts
+
     from autospec_testing import shared_file
 
     tok = load_tokenizer(bundled_pair[0])

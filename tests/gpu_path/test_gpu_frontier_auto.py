@@ -15,12 +15,14 @@ from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
 from autospec.fit import fit_latency, load_fit
 from autospec.latency import FaserModels, PiecewiseLatency
-from autospec.policies.faser_frontier import frontier_chunk
 from autospec.profile import LATENCY_COLUMNS
-from autospec.serving.loop import ServeRequest, serve
+from autospec.serving.frontier import frontier_chunk
+from autospec.serving.loop import serve
+from autospec.serving.records import ServeRequest
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepSettings, sd_step
 from autospec.strategy import ExecutionSpec, build_strategy, spec_from_dict
+
 from autospec_testing import make_tiny_model
 from gpu_path_helpers import run_static
 

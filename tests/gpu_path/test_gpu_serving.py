@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from autospec.engines.torch_engine import TorchSDEngine
-from autospec.serving.loop import ServeRequest, serve
+from autospec.serving.loop import serve
+from autospec.serving.records import ServeRequest
 from autospec.serving.step import StepSettings
 from autospec.strategy import build_strategy, spec_from_dict
+
 from autospec_testing import make_tiny_model
 
 PROMPTS = [[1, 4, 2], [3, 3, 1, 0, 2, 5, 4], [2], [5, 1, 1, 4, 2]]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from policy_helpers import simple_linear_model
 
 from autospec.latency import LinearLatencyModel
+
+from policy_helpers import simple_linear_model
 
 
 @pytest.fixture

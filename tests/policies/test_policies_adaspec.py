@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from policy_helpers import make_ctx, make_drafts
 
 from autospec.contract import DraftState
 from autospec.errors import InputError
@@ -11,6 +10,8 @@ from autospec.latency import LinearCoeffs, LinearLatencyModel
 from autospec.policies import build_length, build_verify
 from autospec.policies.adaspec import AdaSpecDrafter, AdaSpecVerifier, cumulative_acceptance, goodput
 from autospec.policies.threshold import ThresholdLength
+
+from policy_helpers import make_ctx, make_drafts
 
 
 def test_cumulative_acceptance():

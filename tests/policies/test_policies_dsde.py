@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from policy_helpers import make_ctx, make_outcome
 
-from autospec.policies.dsde import (DsdeLength, DsdeParams, batch_cap, calibrate_sl_max, predicted_length,
-                                    scale_factor, weighted_mean_var, wvir)
+from autospec.policies.dsde import (
+    DsdeLength,
+    DsdeParams,
+    batch_cap,
+    calibrate_sl_max,
+    predicted_length,
+    scale_factor,
+    weighted_mean_var,
+    wvir,
+)
+
+from policy_helpers import make_ctx, make_outcome
 
 THREE = [0.1, 0.3, 0.2]  # oldest first
 TWELVE = [0.05, 0.4, 0.1, 0.3, 0.05, 0.35, 0.1, 0.2, 0.15, 0.2, 0.1, 0.15]

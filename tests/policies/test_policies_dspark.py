@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from policy_helpers import make_ctx, make_drafts
 
 from autospec.errors import InputError
 from autospec.policies import build_verify
-from autospec.policies.dspark import (DsparkAsyncVerifier, DsparkVerifier, admit_top, global_argmax_budget,
-                                      schedule_sync, table_sps)
+from autospec.policies.dspark import (
+    DsparkAsyncVerifier,
+    DsparkVerifier,
+    admit_top,
+    global_argmax_budget,
+    schedule_sync,
+    table_sps,
+)
 from autospec.policies.sts import StsCalibration, ece, fit_sts, sigmoid, survival
+
+from policy_helpers import make_ctx, make_drafts
 
 APPENDIX = {"sps_tokens": [1, 2, 3], "sps_values": [1.0, 0.5, 0.45]}
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from policy_helpers import make_ctx, make_outcome
 
 from autospec.policies.gp_lcb import GpLcbLength, batch_bucket, beta_n, per_request_gain
+
+from policy_helpers import make_ctx, make_outcome
 
 
 def test_beta_n_hand_worked():

@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autospec.latency import (LinearCoeffs, LinearLatencyModel, PiecewiseLatency, faser_chunk_size, faser_eval,
-                              fit_linear, fit_piecewise, mape, sd_step_time)
+from autospec.latency import (
+    LinearCoeffs,
+    LinearLatencyModel,
+    PiecewiseLatency,
+    faser_chunk_size,
+    faser_eval,
+    fit_linear,
+    fit_piecewise,
+    mape,
+    sd_step_time,
+)
 
 MODEL = LinearLatencyModel(draft=LinearCoeffs(1e-6, 1e-4, 0.002), target=LinearCoeffs(2e-6, 5e-4, 0.02))
 

@@ -4,22 +4,39 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from policy_helpers import make_ctx, make_drafts, make_outcome
 
+from autospec.early_exit import (
+    EarlyExitParams,
+    expected_rejections,
+    rank_flag,
+    rank_threshold,
+    should_prune,
+    start_layer,
+    time_saved,
+)
 from autospec.errors import InputError
 from autospec.latency import LinearCoeffs, LinearLatencyModel
-from autospec.policies import (LENGTH_POLICIES, SCHEDULE_POLICIES, VERIFY_POLICIES, LengthPolicy, SchedulePolicy,
-                               VerifyPolicy, build_length, build_schedule, build_verify)
+from autospec.policies import (
+    LENGTH_POLICIES,
+    SCHEDULE_POLICIES,
+    VERIFY_POLICIES,
+    LengthPolicy,
+    SchedulePolicy,
+    VerifyPolicy,
+    build_length,
+    build_schedule,
+    build_verify,
+)
 from autospec.policies.adaedl import AdaEdlLength, acceptance_bound
-from autospec.early_exit import (EarlyExitParams, expected_rejections, rank_flag, rank_threshold,
-                                                should_prune, start_layer, time_saved)
 from autospec.policies.smartspec import SmartSpecLength, expected_tokens
+
+from policy_helpers import make_ctx, make_drafts, make_outcome
 
 
 def _drafted_lengths(policy, ctx, entropies=None, max_steps=20):
     drafts = make_drafts([[] for _ in ctx.requests])
     policy.begin_step(ctx)
-    for step in range(max_steps):
+    for _ in range(max_steps):
         more = policy.keep_drafting(ctx, drafts)
         if not any(more):
             break

@@ -6,14 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
-from policy_helpers import make_outcome
-from policy_harness import mixed_jobs, simulate
 
 from autospec.contract import RequestView
 from autospec.policies import Pick, build_schedule
 from autospec.policies.laps_sd import LapsSdSchedule, estimated_time, queue_bounds, queue_index
 from autospec.policies.lp_sjf import LpSjfSchedule
 from autospec.policies.output_length import OracleNoisePredictor
+
+from policy_harness import mixed_jobs, simulate
+from policy_helpers import make_outcome
 
 
 def view(rid: int, *, arrival: float = 0.0, attained: float = 0.0, max_tokens: int = 100,

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stage_helpers import write_synthetic_run, synthetic_workload
-
 from autospec.artifacts import read_json, write_json
 from autospec.fit import fit_profile, write_fit
+
+from stage_helpers import synthetic_workload, write_synthetic_run
 
 AUTOSPEC = [sys.executable, "-m", "autospec.cli"]
 EVIL = "<script>alert(1)</script>"

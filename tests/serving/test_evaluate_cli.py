@@ -88,7 +88,7 @@ def test_trace_text_is_tokenized_and_clipped_or_padded_to_prompt_len(bundled_pai
                                 "source_id": ["a", "b"]}))
     prompts = _torch_prompts(trace, engine=None, pair=PairSpec())
     assert [len(p) for p in prompts] == [3, 40]
-    from autospec.generate import load_tokenizer
+    from autospec.serving.factory import load_tokenizer
 
     ids = load_tokenizer(bundled_pair[0]).encode("x = 1", add_special_tokens=False)
     assert prompts[1][: len(ids)] == ids and prompts[1][len(ids): 2 * len(ids)] == ids  # cycled

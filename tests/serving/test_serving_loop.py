@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from serving_fakes import ClockedFakeEngine
 
 from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
-from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics
+from autospec.serving.records import ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
 from autospec.strategy import build_strategy, load_preset, spec_from_dict
+
+from serving_fakes import ClockedFakeEngine
 
 K_MAX = 4
 

@@ -6,8 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autospec.serving.metrics import Slo, bootstrap_ci, compute_metrics, inter_token_latencies, \
-    per_position_acceptance, summarize_repeats
+from autospec.serving.metrics import (
+    Slo,
+    bootstrap_ci,
+    compute_metrics,
+    inter_token_latencies,
+    per_position_acceptance,
+    summarize_repeats,
+)
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ the simulator is deterministic.
 
 from __future__ import annotations
 
-
 import pytest
 
 from autospec.fit import FittedSimEngine as SimEngine
 from autospec.fit import fit_profile, load_fit, write_fit
-from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics
+from autospec.serving.records import ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
 from autospec.strategy import StrategySpec, build_strategy, list_presets, load_preset, spec_from_dict
 from autospec.workloads.synthetic import synthesize

@@ -12,6 +12,7 @@ from autospec.cli import app
 from autospec.errors import InputError
 from autospec.fit import fit_profile, load_fit, write_fit
 from autospec.policies.dspark import table_sps
+
 from stage_helpers import K_MAX, PREFILL, TRUE, synthetic_acceptance, write_synthetic_run
 
 runner = CliRunner()

@@ -10,10 +10,12 @@ from autospec.engines.base import GenRequest
 from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
 from autospec.errors import InputError
 from autospec.latency import FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency
-from autospec.policies.faser_frontier import frontier_chunk
-from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+from autospec.serving.frontier import frontier_chunk
+from autospec.serving.loop import serve
+from autospec.serving.records import ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
 from autospec.strategy import ExecutionSpec, build_strategy, spec_from_dict
+
 from stage_helpers import K_MAX, synthetic_acceptance
 
 DRAFT = (2e-7, 3e-5, 1.5e-3)  # (alpha, gamma, delta) of a draft pass
@@ -161,8 +163,8 @@ def test_frontier_replay_is_token_identical_to_plain_steps(chunk, temperature):
     assert out == ref
     # same commits per step; a chunked step drafts at least what it verifies and verifies at most K
     assert [sum(c) for c in steps["c"]] == [sum(c) for c in ref_steps["c"]]
-    for k, l in zip(steps["k"], steps["l"]):
-        assert all(li <= ki <= K_MAX for ki, li in zip(k, l))
+    for k, lengths in zip(steps["k"], steps["l"]):
+        assert all(li <= ki <= K_MAX for ki, li in zip(k, lengths))
 
 
 def test_auto_picks_fasers_chunk_each_step():

@@ -13,8 +13,16 @@ from autospec.cli import app
 from autospec.engines.base import GenRequest
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
-from autospec.profile import (ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, EncodedPrompt, ProfileSettings, latency_grid,
-                              read_parquet, run_profile, write_profile)
+from autospec.profile import (
+    ACCEPTANCE_COLUMNS,
+    LATENCY_COLUMNS,
+    EncodedPrompt,
+    ProfileSettings,
+    latency_grid,
+    read_parquet,
+    run_profile,
+    write_profile,
+)
 
 SETTINGS = ProfileSettings(k_max=3, batches=[1, 2], contexts=[8, 24], prefill_tokens=[8, 16], repeats=2, warmup=1,
                            prompts_per_domain=2, trace_tokens=10, max_prompt_tokens=12)

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from autospec.engines.base import GenRequest
-from autospec.fit import FittedSimEngine as SimEngine
 from autospec.errors import InputError
+from autospec.fit import FittedSimEngine as SimEngine
 from autospec.fit import fit_profile, write_fit
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepSettings, sd_step
 from autospec.strategy import build_strategy, load_preset, spec_from_dict
+
 from stage_helpers import K_MAX, PREFILL, TRUE, synthetic_acceptance, write_synthetic_run
 
 
@@ -47,7 +48,8 @@ def test_clock_model_times_passes_with_its_log_term(clock_run_dir):
 def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(tmp_path):
     """A profile with plain-engine rows (vLLM's no-SD engine) gives the fit a clock_plain; the sim
     prices a no-SD strategy's passes by it and every drafting strategy's by the speculative clock."""
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
 
     plain = (0.5e-6, 1e-4, 4e-3)
     run = write_synthetic_run(tmp_path, plain=plain)
@@ -73,7 +75,8 @@ def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(
 
 def _serve_two(sim, preset="static-k2", gap=0.05):
     """r0 arrives at 0, r1 at `gap` (while r0 runs); 12 tokens each."""
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
 
     requests = [ServeRequest(i, i * gap, SyntheticPrompt(40 + 20 * i, 4096, i), 12, "code") for i in range(2)]
     return serve(sim, build_strategy(load_preset(preset)), requests, max_batch=4,
@@ -246,7 +249,8 @@ def test_t1_acceptance_samples_recorded_probabilities(tmp_path):
 
 
 def test_static_k_serve_runs_and_finishes_everything(run_dir):
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
 
     sim = SimEngine.from_dirs(run_dir)
     reqs = [ServeRequest(i, 0.01 * i, SyntheticPrompt(40, 100, i), 25 + i % 7, ("code", "chat")[i % 2])
@@ -272,7 +276,8 @@ def test_from_dirs_bad_inputs(tmp_path):
 def test_batched_draft_rounds_match_one_draft_call_per_round(clock_run_dir, preset):
     """The simulator's draft_rounds fast path (lengths fixed in begin_step) gives the same replay —
     tokens, per-round counts and clock — as the generic one-draft-call-per-round path."""
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
 
     requests = [ServeRequest(i, 0.01 * i, SyntheticPrompt(30 + 7 * i, 100, i), 40 + 3 * i, ("code", "chat")[i % 2])
                 for i in range(24)]
@@ -331,7 +336,8 @@ def test_the_loop_keeps_exactly_the_request_signals_a_policy_reads(run_dir, read
     the loop no history work and sees none; one that names some sees those only."""
     import dataclasses
 
-    from autospec.serving.loop import ServeRequest, SyntheticPrompt, serve
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
 
     sim = SimEngine.from_dirs(run_dir, seed=2)
     strategy = build_strategy(load_preset("static-k3"))

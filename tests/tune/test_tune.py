@@ -23,7 +23,7 @@ from autospec.deploy import CONFIG_FILE, STRATEGY_FILE, vllm_form, write_deploy
 from autospec.fit import fit_profile, write_fit
 from autospec.strategy import apply_overrides, load_preset
 
-from stage_helpers import write_synthetic_run, synthetic_workload
+from stage_helpers import synthetic_workload, write_synthetic_run
 
 WORKLOAD = synthetic_workload("tune-test", rate=40, duration_s=2, max_requests=60, prompt_tokens=64,
                               output_tokens=24)

@@ -15,7 +15,7 @@ from autospec.serving.metrics import Slo
 from autospec.strategy import StrategySpec, load_preset, search_space
 from autospec.tune import TuneSpec, run_tune, sample_strategy
 
-from stage_helpers import write_synthetic_run, synthetic_workload
+from stage_helpers import synthetic_workload, write_synthetic_run
 
 WORKLOAD = synthetic_workload("frontier-tune", rate=40, duration_s=1, max_requests=30, prompt_tokens=48,
                               output_tokens=16)

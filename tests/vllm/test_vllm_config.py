@@ -13,13 +13,16 @@ import pytest
 from typer.testing import CliRunner
 
 from autospec.cli import app
-from autospec.serving.vllm import engine as vllm_engine
-from autospec.serving.vllm.engine import (_ClientRecord, draft_log_path, read_step_log, records_from_steps,
-                                          speculative_config_for)
 from autospec.errors import InputError
-from autospec.serving.loop import ServeRequest
 from autospec.serving.metrics import Slo, compute_metrics
+from autospec.serving.records import ServeRequest
+from autospec.serving.vllm import engine as vllm_engine
+from autospec.serving.vllm.engine import draft_log_path
+from autospec.serving.vllm.speculative_config import DEFAULT_K_MAX, speculative_config_for
+from autospec.serving.vllm.step_log import ClientRecord as _ClientRecord
+from autospec.serving.vllm.step_log import read_step_log, records_from_steps
 from autospec.strategy import load_preset
+
 from autospec_testing import REPO
 
 T, D = vllm_engine.Path("/m/target"), vllm_engine.Path("/m/draft")
@@ -74,7 +77,8 @@ FIT = REPO / "reports" / "ci-profile"  # a committed profile + fit (fit/models.j
 
 @pytest.mark.parametrize("preset", ["gp-lcb", "smartspec"])
 def test_online_policies_become_the_online_scheduler_with_k_max_drafts(preset, tmp_path):
-    from autospec.serving.vllm.engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS, engine_kwargs
+    from autospec.serving.vllm.engine import engine_kwargs
+    from autospec.serving.vllm.online import ONLINE_KEY, ONLINE_SCHEDULER_CLS
 
     cfg = speculative_config_for(load_preset(preset), T, D, k_max=5, fit=FIT, temperature=0.5)
     online = cfg[ONLINE_KEY]
@@ -99,7 +103,7 @@ def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
     with pytest.raises(InputError, match="needs a fitted latency model"):
         speculative_config_for(load_preset("gp-lcb"), T, D)  # refine = true: Eq. 2 needs T̂
     no_refine = apply_overrides(load_preset("gp-lcb"), {"length.refine": False})
-    assert speculative_config_for(no_refine, T, D)["num_speculative_tokens"] == vllm_engine.DEFAULT_K_MAX
+    assert speculative_config_for(no_refine, T, D)["num_speculative_tokens"] == DEFAULT_K_MAX
     with pytest.raises(InputError, match="needs a draft model"):
         speculative_config_for(load_preset("gp-lcb"), T, None, fit=FIT)
     with pytest.raises(InputError, match="takes no K schedule"):
@@ -113,7 +117,7 @@ def test_online_policies_need_a_fit_a_draft_and_no_schedule_or_sm_pool():
 def test_deploy_for_an_online_policy_names_the_scheduler_and_its_settings(tmp_path):
     from autospec.config import PairSpec
     from autospec.deploy import CONFIG_FILE, write_deploy
-    from autospec.serving.vllm.engine import ONLINE_KEY, ONLINE_SCHEDULER_CLS
+    from autospec.serving.vllm.online import ONLINE_KEY, ONLINE_SCHEDULER_CLS
 
     run = tmp_path / "run"
     (run / "fit").mkdir(parents=True)
@@ -138,9 +142,9 @@ def test_lagged_observe_pairs_each_outcome_with_its_own_decision():
     """vLLM decides step n+1 before it observes step n. GP-LCB must still record each outcome under the
     (batch bucket, s) of the decision that produced it, not under the newer decision's."""
     from autospec.contract import RequestView, StepOutcome
-    from autospec.serving.vllm.online import OnlineLength
     from autospec.fit import load_fit
     from autospec.policies import build_length
+    from autospec.serving.vllm.online import OnlineLength
 
     policy = build_length("gp-lcb", refine=False)
     online = OnlineLength(policy, k_max=4, latency_model=load_fit(FIT).latency_model)
@@ -201,7 +205,9 @@ def test_engine_vllm_without_vllm_is_a_one_line_exit_2(tmp_path, monkeypatch):
 
 def test_autospec_never_imports_vllm():
     code = ("import sys, autospec, autospec.cli, autospec.evaluate, autospec.serving.vllm.engine, "
-            "autospec.profile; assert 'vllm' not in sys.modules, 'vllm imported'")
+            "autospec.serving.vllm.speculative_config, autospec.serving.vllm.replay, "
+            "autospec.serving.vllm.step_log, autospec.serving.vllm.latency_profile, autospec.serving.vllm.online, "
+            "autospec.profile, autospec.deploy; assert 'vllm' not in sys.modules, 'vllm imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -270,7 +276,7 @@ def test_profile_and_replays_run_vllm_at_the_models_own_context_length(tmp_path)
 
 
 def test_the_batch_schedule_policy_replays_as_vllms_per_batch_size_schedule():
-    from autospec.serving.vllm.engine import VllmReplayer
+    from autospec.serving.vllm.replay import VllmReplayer
     from autospec.strategy import spec_from_dict
 
     spec = spec_from_dict({"strategy": {"name": "bs"},

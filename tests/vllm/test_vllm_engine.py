@@ -19,13 +19,22 @@ import sys
 import pandas as pd
 import pytest
 
-from autospec.serving.vllm.engine import (close_llm, engine_kwargs, generate_tokens, make_llm,
-                                          speculative_config_for, validate_speculative_config, vllm_available)
 from autospec.errors import InputError
 from autospec.evaluate import HEADLINE
-from autospec.generate import load_tokenizer, run_generate, strategy_spec
+from autospec.generate import run_generate
+from autospec.serving.factory import load_tokenizer, strategy_spec
+from autospec.serving.vllm.engine import (
+    close_llm,
+    engine_kwargs,
+    generate_tokens,
+    make_llm,
+    validate_speculative_config,
+    vllm_available,
+)
+from autospec.serving.vllm.speculative_config import speculative_config_for
 from autospec.strategy import build_strategy, load_preset
 from autospec.workloads.prompts import load_prompts
+
 from autospec_testing import REPO, shared_file
 
 pytestmark = [pytest.mark.slow,
@@ -131,6 +140,8 @@ def test_evaluate_replays_a_trace_through_vllm(tmp_path):
                   "--out", str(out), "--max-batch", "4", "--k-max", "4",
                   "--profile", str(REPO / "reports" / "ci-profile"), "--json")
     assert res.returncode == 0, res.stderr[-3000:]
+    # every engine shut down before interpreter exit: no AsyncLLM.__del__ traceback (issue 17)
+    assert "Exception ignored" not in res.stderr, res.stderr[-3000:]
     summary = json.loads((out / "eval" / "summary.json").read_text())
     assert set(summary["strategies"]) == {"no-sd", "static-k2", "gp-lcb"} and summary["engine"]["kind"] == "vllm"
     for metrics in summary["strategies"].values():
@@ -173,8 +184,8 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1."""
     import numpy as np
 
-    from autospec.serving.vllm.engine import profile_latency
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
+    from autospec.serving.vllm.latency_profile import profile_latency
 
     settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)
     lat = profile_latency(*bundled_pair, settings)

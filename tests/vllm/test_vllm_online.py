@@ -21,13 +21,23 @@ import pytest
 
 from autospec.config import PairSpec
 from autospec.deploy import CONFIG_FILE, write_deploy
-from autospec.serving.vllm.engine import (ONLINE_KEY, close_llm, engine_kwargs, generate_tokens, make_llm,
-                                          read_step_log, speculative_config_for, validate_speculative_config,
-                                          vllm_available)
 from autospec.errors import InputError
-from autospec.generate import load_tokenizer, run_generate, strategy_spec
+from autospec.generate import run_generate
+from autospec.serving.factory import load_tokenizer, strategy_spec
+from autospec.serving.vllm.engine import (
+    close_llm,
+    engine_kwargs,
+    generate_tokens,
+    make_llm,
+    validate_speculative_config,
+    vllm_available,
+)
+from autospec.serving.vllm.online import ONLINE_KEY
+from autospec.serving.vllm.speculative_config import speculative_config_for
+from autospec.serving.vllm.step_log import read_step_log
 from autospec.strategy import build_strategy, load_preset
 from autospec.workloads.prompts import load_prompts
+
 from autospec_testing import REPO, shared_file
 
 pytestmark = [pytest.mark.slow,

@@ -17,6 +17,7 @@ from autospec.config import bundled_workload
 from autospec.errors import InputError
 from autospec.workloads.loaders import BUNDLED_TRACES, bundled_trace, detect_format, load_trace
 from autospec.workloads.spec import load_workload, read_workload_spec
+
 from autospec_testing import shared_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -176,7 +176,7 @@ def test_random_refuses_bad_settings():
 
 
 def test_encoders_send_random_token_ids_as_they_are(bundled_pair):
-    from autospec.generate import encode_prompts, load_tokenizer, prompt_token_ids, random_vocab
+    from autospec.serving.factory import encode_prompts, load_tokenizer, prompt_token_ids, random_vocab
 
     tokenizer = load_tokenizer(bundled_pair[0])
     vocab = random_vocab(tokenizer)

@@ -10,10 +10,10 @@ import pytest
 
 from autospec.errors import InputError
 from autospec.models import BUNDLED_TARGET, MODEL_CARD
-from autospec.models.train import corpus_held_out, file_list_hash, stdlib_files
 from autospec.workloads import stdlib_prompts as sp
 from autospec.workloads.default_prompts import bundled_prompt_sets
 from autospec.workloads.prompts import prompt_set_digest
+from training.train import corpus_held_out, file_list_hash, stdlib_files
 
 CARD = json.loads(MODEL_CARD.read_text())
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

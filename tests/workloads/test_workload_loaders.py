@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from autospec.errors import InputError
 from autospec.workloads.loaders import detect_format, load_azure, load_burstgpt, load_mooncake, load_trace
 from autospec.workloads.servegen import load_servegen
+
 from autospec_testing import SHARED_DATA
 
 DATA_DIR = SHARED_DATA

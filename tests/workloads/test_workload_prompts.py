@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from autospec.errors import InputError
 from autospec.workloads.prompts import Prompt, load_prompts
+
 from autospec_testing import SHARED_DATA
 
 DATA_DIR = SHARED_DATA

@@ -8,6 +8,7 @@ import pytest
 
 from autospec.errors import InputError
 from autospec.workloads.spec import WorkloadSpec, load_workload, read_workload_spec, workload_spec_from_dict
+
 from autospec_testing import SHARED_DATA
 
 REPO = Path(__file__).resolve().parents[2]

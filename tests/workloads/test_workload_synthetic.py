@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from autospec.workloads.synthetic import (
-    diurnal_arrivals, gamma_arrivals, lognormal_lengths, on_off_arrivals, poisson_arrivals, synthesize,
+    diurnal_arrivals,
+    gamma_arrivals,
+    lognormal_lengths,
+    on_off_arrivals,
+    poisson_arrivals,
+    synthesize,
 )
 
 

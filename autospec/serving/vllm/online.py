@@ -32,14 +32,20 @@ from typing import Any, Mapping, Sequence
 
 from autospec.calibration import read_fit_models
 from autospec.contract import LatencyModel, RequestView, StepContext, StepOutcome
+from autospec.engines.base import offers
 from autospec.errors import InputError
 from autospec.latency import LinearLatencyModel
+from autospec.policies import build_length
+from autospec.policies.base import FixedLengthPolicy
+
+__all__ = ["ONLINE_KEY", "ONLINE_LENGTH_POLICIES", "ONLINE_SCHEDULER_CLS", "OnlineLength", "needs_fit",
+           "online_settings"]
 
 ONLINE_KEY = "autospec_online"  # additional_config key (and the autospec-only key of speculative_config_for)
 ONLINE_SCHEDULER_CLS = "autospec.serving.vllm.scheduler.OnlineKScheduler"
 # Length policies the online scheduler runs: TargetLengthPolicy subclasses that need only what vLLM's
 # scheduler hooks see — per-request drafted/accepted counts, step wall time — plus a fitted latency
-# model (`needs_fit`). The decision table for every policy is in autospec/serving/vllm/engine.py.
+# model (`needs_fit`). The decision table for every policy is in autospec/serving/vllm/speculative_config.py.
 ONLINE_LENGTH_POLICIES = ("gp-lcb", "smartspec")
 
 
@@ -73,7 +79,7 @@ class OnlineLength:
 
     def __init__(self, policy: Any, k_max: int, temperature: float = 0.0,
                  latency_model: LatencyModel | None = None, name: str = ""):
-        if not callable(getattr(policy, "fixed_lengths", None)):
+        if not offers(policy, FixedLengthPolicy):
             raise InputError(f"length policy {type(policy).__name__} does not fix its lengths at the start "
                              "of a step; the vLLM online scheduler needs one that does", field="length.policy")
         self.policy, self.k_max, self.temperature = policy, int(k_max), float(temperature)
@@ -83,8 +89,6 @@ class OnlineLength:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> "OnlineLength":
-        from autospec.policies import build_length
-
         length = dict(settings["length"])
         policy_name = length.pop("policy")
         if policy_name not in ONLINE_LENGTH_POLICIES:

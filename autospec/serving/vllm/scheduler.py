@@ -16,7 +16,7 @@ the target's verify forward, sampling, and the draft proposals for the next step
 is timed directly: `DraftTimer` (a worker extension, so it runs in vLLM's worker process, which on the
 CPU build is not the engine core's) wraps the model runner's `propose_draft_token_ids` — the one call
 that runs the draft model, its prompt prefill for new requests included — with a clock and logs each
-call to a second file; `autospec.serving.vllm.engine.read_step_log` adds each step's draft seconds
+call to a second file; `autospec.serving.vllm.step_log.read_step_log` adds each step's draft seconds
 ("d") from it. So the profile reads the draft's cost from vLLM itself instead of differencing two
 engines' whole steps.
 
@@ -39,6 +39,8 @@ from vllm.v1.outputs import DraftTokenIds
 
 from autospec.contract import RequestView, RoundRecord, StepOutcome
 from autospec.serving.vllm.online import ONLINE_KEY, OnlineLength
+
+__all__ = ["DraftTimer", "FixedKProposer", "OnlineKScheduler", "RecordingScheduler"]
 
 STEP_LOG_KEY = "autospec_step_log"
 
@@ -99,7 +101,7 @@ def _draft_passes(runner, sync) -> list[float]:
     passes = getattr(runner, "_autospec_passes", None)
     if passes is None:
         passes = runner._autospec_passes = []
-        model = getattr(getattr(runner, "drafter", None), "model", None)
+        model: Any = getattr(getattr(runner, "drafter", None), "model", None)  # a torch module, or None
         if hasattr(model, "register_forward_hook"):
             started: list[float] = []
 

@@ -1,4 +1,5 @@
-"""Train the bundled draft/target pair from scratch: `python -m autospec.models.train STAGE`.
+"""Train the bundled draft/target pair from scratch: `python -m training.train STAGE` (from the repository
+root; the training tools are not part of the installed package — users get the trained weights).
 
 Stages (each reads and writes a work directory, default `.train/`):
 
@@ -10,7 +11,7 @@ Stages (each reads and writes a work directory, default `.train/`):
           and train_log.json. Runs on CUDA when available (that is how the bundled pair was made) and
           on the CPU otherwise.
   bundle  copy the chosen target and draft into the package (autospec/models/bundled/) and write the
-          model card, including the properties measured on this machine (see autospec.models.card).
+          model card, including the properties measured on this machine (see training/card.py).
 
 Only this module's `data` stage needs the project's own environment; `fit` imports nothing beyond
 torch, numpy, tokenizers and transformers, so it runs on a bare GPU image.
@@ -238,7 +239,6 @@ class _Batches:
         return rows.to(self.device, non_blocking=True)
 
     def fixed(self, count: int):
-        torch = self.torch
         n = min(count, (self.tokens.numel() - 1) // (self.seq_len + 1))
         rows = self.tokens[: n * (self.seq_len + 1)].view(n, self.seq_len + 1)
         return [rows[i: i + self.batch].to(self.device) for i in range(0, n, self.batch)]
@@ -415,7 +415,7 @@ def bundle(
 ) -> None:
     """Copy the pair into the package and write the model card with measured properties."""
     from autospec.models import BUNDLED_DIR
-    from autospec.models.card import measure_properties
+    from training.card import measure_properties
 
     for name, dest in (("target", "target"), (draft, "draft")):
         src = work / name

@@ -1,4 +1,5 @@
-"""FASER frontier overlap (§4.3; docs/policies.md §4): the chunk size s_c — pure functions.
+"""FASER frontier overlap (§4.3; docs/policies.md §4): the chunk size s_c — pure functions the serving
+step applies (it is a rule of the step's execution, not a policy a strategy picks).
 
 The draft drafts chunk c+1 while the target verifies chunk c (the engine runs the protocol:
 `TorchSDEngine.frontier_step`, `SimEngine.frontier_step`). The chunk is the largest s_c in 1..s with
@@ -18,11 +19,18 @@ the simulator, which prices serial chunks as serial passes).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, Callable
 
-from autospec.latency import FaserModels, PiecewiseLatency, faser_chunk_size
+from autospec.latency import FaserModels, faser_chunk_size
+
+__all__ = ["choose_chunk_size", "frontier_chunk"]
 
 
-def choose_chunk_size(s: int, b: int, r: float, t_draft: PiecewiseLatency, t_target: PiecewiseLatency,
+# A chunk's time as a function of (b, s_c, r): a PiecewiseLatency, or FaserModels.draft_time / verify_time.
+ChunkTime = Callable[[int, int, float], Any]
+
+
+def choose_chunk_size(s: int, b: int, r: float, t_draft: ChunkTime, t_target: ChunkTime,
                       t_hat: float) -> int | None:
     """Largest s_c satisfying FASER's overlap condition, or None (see the module docstring).
 
@@ -32,7 +40,8 @@ def choose_chunk_size(s: int, b: int, r: float, t_draft: PiecewiseLatency, t_tar
         raise ValueError(f"draft length s must be >= 1, got {s}")
     if b < 1:
         raise ValueError(f"batch size b must be >= 1, got {b}")
-    return faser_chunk_size(s, b, r, t_draft, t_target, t_hat)
+    # latency.faser_chunk_size names PiecewiseLatency, but only calls t(b, s_c, r) and takes float() of it
+    return faser_chunk_size(s, b, r, t_draft, t_target, t_hat)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=4096)

@@ -1,9 +1,10 @@
 """Measured properties of a draft/target pair, as written into the bundled pair's model card.
 
 - acceptance per domain: greedy SD at K=4 over the default prompt sets (autospec.workloads.default_prompts;
-  the card shipped with the pair was measured on HumanEval = code, MT-Bench = chat, GSM8K = math); `acceptance_rate` is accepted / drafted (per-token acceptance at K=4), and
-  `agreement` is the per-position probability that the draft's argmax equals the target's on the
-  target's own greedy continuation (the α of Leviathan et al.);
+  the card shipped with the pair was measured on HumanEval = code, MT-Bench = chat, GSM8K = math);
+  `acceptance_rate` is accepted / drafted (per-token acceptance at K=4), and `agreement` is the
+  per-position probability that the draft's argmax equals the target's on the target's own greedy
+  continuation (the α of Leviathan et al.);
 - decode cost: one-token forward at batch 1 (context 256) for each model on this machine, and the ratio.
 """
 
@@ -16,7 +17,8 @@ import torch
 
 from autospec.artifacts import hardware_info
 from autospec.engines.torch_engine import TorchSDEngine
-from autospec.generate import load_tokenizer, run_generate, strategy_spec
+from autospec.generate import run_generate
+from autospec.serving.factory import load_tokenizer, strategy_spec
 from autospec.strategy import build_strategy
 from autospec.workloads.default_prompts import bundled_prompt_sets
 

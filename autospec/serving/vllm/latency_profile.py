@@ -1,0 +1,206 @@
+"""The vLLM latency profile: `latency.parquet` rows measured through vLLM's own engine steps
+(`autospec profile --engine vllm`; docs/vllm.md, "Profile on vLLM").
+
+Three offline engines, one after the other, each timed from the recording scheduler's step log
+(`autospec.serving.vllm.step_log`): a fixed-K engine (target decode and prefill), a draft_model engine
+(draft decode and prefill, from the worker's draft timer) and a plain engine (decode_plain, how vLLM
+serves no-SD). `profile_latency` states what each row measures.
+
+vLLM is imported only inside the offline-engine helpers of `autospec.serving.vllm.engine`.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from autospec.calibration import LATENCY_COLUMNS, latency_grid, mad
+from autospec.serving.vllm.engine import (
+    close_llm,
+    config_vocab_size,
+    engine_kwargs,
+    generate_tokens,
+    make_llm,
+    served_max_model_len,
+)
+from autospec.serving.vllm.step_log import read_step_log
+
+__all__ = ["profile_latency", "profile_units"]
+
+FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"
+
+
+def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int], None] | None = None):
+    """`latency.parquet` rows (autospec.calibration.LATENCY_COLUMNS) measured through vLLM's engine steps.
+
+    * target decode (batch, tokens = k + 1, context): engine steps of a `FixedKProposer` engine
+      (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
+      worker spent in that proposer: the target's verify of k + 1 tokens per request plus vLLM's
+      per-step work;
+    * draft decode (batch, 1, context): a draft_model engine's (K = K_max) draft time per step, as
+      vLLM's worker measures it (scheduler.DraftTimer), / K_max — one draft pass over the batch.
+      The first of a step's K_max passes runs over the tokens the target just verified, the others
+      over one token per request; the per-pass mean carries that;
+    * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
+      time (target: fixed engine); draft: the draft_model engine's first draft forward pass in its
+      prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass);
+    * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
+      no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
+      engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
+    Times are medians (and MADs) of `settings.repeats` steps after `settings.warmup`, from the
+    recording scheduler's step log; prompts are random ids and prefix caching is off.
+    """
+    with tempfile.TemporaryDirectory(prefix="autospec-vllm-profile-") as tmp:
+        profiler = _VllmLatencyProfiler(target, settings, Path(tmp), advance)
+        target_prefill = profiler.fixed_k_engine_rows()
+        profiler.draft_engine_rows(draft, target_prefill)
+        profiler.plain_engine_rows()
+    return pd.DataFrame(profiler.rows, columns=LATENCY_COLUMNS)
+
+
+def profile_units(settings) -> int:
+    """Progress units `profile_latency` advances by: the profile's latency grid plus one per
+    (batch, context) for the plain engine's decode_plain rows."""
+    return len(latency_grid(settings)) + len(settings.batches) * len(settings.contexts)
+
+
+def _split(step: dict) -> tuple[float, float]:
+    """(seconds outside the draft proposals, seconds in them) of one logged step."""
+    draft_s = float(step.get("d") or 0.0)
+    return step["t1"] - step["t0"] - draft_s, draft_s
+
+
+class _VllmLatencyProfiler:
+    """`profile_latency`'s state (random prompts, the step log, the fixed proposer's K file, the rows so
+    far) and its steps: one method per engine, and the timing helpers they share."""
+
+    def __init__(self, target: Path, settings, tmp: Path, advance: Callable[[int], None] | None):
+        self.target, self.settings, self.advance = target, settings, advance
+        self.rng = np.random.default_rng(settings.seed)
+        self.vocab = config_vocab_size(target)
+        self.longest = (max(max(settings.contexts), max(settings.prefill_tokens))
+                        + 4 * (settings.warmup + settings.repeats) + 16)
+        self.rows: list[dict] = []
+        self.log, self.k_file = tmp / "steps.jsonl", tmp / "k"
+        self.k_file.write_text("0")
+        self.n_steps = settings.warmup + settings.repeats
+        self.mid = settings.warmup + (settings.repeats + 1) / 2  # mean tokens generated before a timed step
+
+    # --- the three engines ---------------------------------------------------------------------------
+
+    def fixed_k_engine_rows(self) -> dict[int, list[float]]:
+        """Target decode rows for every (context, batch, tokens = k + 1) from the FixedKProposer engine;
+        returns the target's prefill times per prompt length (its rows follow the draft's)."""
+        s = self.settings
+        llm = self.engine({"method": "custom_class", "model": FIXED_K_PROPOSER, "num_speculative_tokens": s.k_max})
+        try:
+            self.warm_up(llm)
+            for context in s.contexts:
+                for batch in s.batches:
+                    for tokens in range(1, s.k_max + 2):
+                        self.k_file.write_text(str(tokens - 1))
+                        times = [outside for outside, _ in self.decode_steps(llm, batch, context, self.n_steps)]
+                        self.row("target", "decode", batch, tokens, context + self.mid, times)
+                    self.progress(s.k_max + 1)
+            self.k_file.write_text("0")
+            return {t: [_split(step)[0] for step in self.prefill_steps(llm, t)] for t in s.prefill_tokens}
+        finally:
+            close_llm(llm)
+
+    def draft_engine_rows(self, draft: Path, target_prefill: dict[int, list[float]]) -> None:
+        """Draft decode rows (draft time per step / K_max), then per prompt length the target's and the
+        draft's prefill rows, from a draft_model engine."""
+        s = self.settings
+        k = s.k_max
+        llm = self.engine({"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
+                           "draft_sample_method": "greedy"})
+        try:
+            self.warm_up(llm)
+            for context in s.contexts:
+                for batch in s.batches:
+                    steps = self.decode_steps(llm, batch, context, (k + 1) * self.n_steps)
+                    times = [draft_s / k for _, draft_s in steps]
+                    if not all(times):
+                        raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
+                    self.row("draft", "decode", batch, 1, context + self.mid, times)
+                    self.progress(1)
+            one_pass = float(self.rows[-len(s.batches) * len(s.contexts)]["median_s"])  # batch 1
+            for t, target_times in target_prefill.items():
+                self.row("target", "prefill", 1, t, 0, target_times)
+                self.row("draft", "prefill", 1, t, 0, [self.draft_prefill(step, one_pass)
+                                                       for step in self.prefill_steps(llm, t)])
+                self.progress(2)
+        finally:
+            close_llm(llm)
+
+    def plain_engine_rows(self) -> None:
+        """decode_plain rows from an engine without speculative_config: how vLLM serves no-SD."""
+        s = self.settings
+        llm = self.engine(None)
+        try:
+            self.warm_up(llm)
+            for context in s.contexts:
+                for batch in s.batches:
+                    times = [outside for outside, _ in self.decode_steps(llm, batch, context, self.n_steps)]
+                    self.row("target", "decode_plain", batch, 1, context + self.mid, times)
+                    self.progress(1)
+        finally:
+            close_llm(llm)
+
+    # --- shared helpers ------------------------------------------------------------------------------
+
+    def engine(self, cfg: dict | None) -> Any:
+        s = self.settings
+        kwargs = engine_kwargs(self.target, cfg, max_num_seqs=max(s.batches), record_steps=self.log,
+                               max_model_len=served_max_model_len(self.target, self.longest),
+                               enable_prefix_caching=False,
+                               max_num_batched_tokens=max(4096, max(s.batches) * self.longest))
+        if cfg:
+            kwargs["additional_config"]["autospec_fixed_k_file"] = str(self.k_file)
+        return make_llm(kwargs)
+
+    def warm_up(self, llm) -> None:
+        generate_tokens(llm, [self.rng.integers(1, self.vocab, 16).tolist()], 4)
+
+    def decode_steps(self, llm, batch: int, context: int, steps_wanted: int) -> list[tuple[float, float]]:
+        """(outside, draft) seconds of the timed full-batch decode steps of one generation."""
+        s = self.settings
+        prompts = self.rng.integers(1, self.vocab, (batch, context)).tolist()
+        t0 = time.perf_counter()
+        generate_tokens(llm, prompts, steps_wanted + 2)
+        steps = [step for step in read_step_log(self.log, t0) if not any(step["first"]) and len(step["ids"]) == batch]
+        times = [_split(step) for step in steps][s.warmup:s.warmup + s.repeats]
+        if not times:
+            raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
+        return times
+
+    def prefill_steps(self, llm, tokens: int) -> list[dict]:
+        """The logged steps that prefilled one request of `tokens` tokens, warm-up ones dropped."""
+        steps = []
+        for _ in range(self.settings.warmup + self.settings.repeats):
+            t0 = time.perf_counter()
+            generate_tokens(llm, [self.rng.integers(1, self.vocab, tokens).tolist()], 1)
+            steps += [step for step in read_step_log(self.log, t0) if any(step["first"])]
+        return steps[self.settings.warmup:]
+
+    def draft_prefill(self, step: dict, one_pass: float) -> float:
+        """The draft's prefill in a prefill step: its first forward pass (over the prompt), or, when
+        the passes were not timed, the step's draft time less its K − 1 single-token passes."""
+        if step["p"]:
+            return step["p"][0]
+        return max(_split(step)[1] - (self.settings.k_max - 1) * one_pass, 1e-6)
+
+    def row(self, model, phase, batch, tokens, context, times) -> None:
+        self.rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": int(context),
+                          "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": mad(times),
+                          "repeats": len(times)})
+
+    def progress(self, units: int) -> None:
+        if self.advance is not None:
+            self.advance(units)

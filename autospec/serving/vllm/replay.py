@@ -1,0 +1,144 @@
+"""Trace replay through vLLM's `AsyncLLM`: `VllmReplayer` (docs/vllm.md, "Replaying a workload").
+
+vLLM runs its own continuous-batching scheduler, so the serving loop (`autospec.serving.loop.serve`)
+cannot drive it step by step. A replay therefore submits every trace request at its trace time
+(`ignore_eos`, `max_tokens` = the trace's output length) on one engine per strategy, and rebuilds the
+records the loop writes from the recording scheduler's per-step log (`autospec.serving.vllm.step_log`).
+
+vLLM is imported only inside the methods that start or feed an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from autospec.serving.records import ServeRecords
+from autospec.serving.vllm.engine import engine_kwargs, require_vllm, served_max_model_len, set_env_defaults
+from autospec.serving.vllm.speculative_config import speculative_config_for, vllm_form
+from autospec.serving.vllm.step_log import ClientRecord, read_step_log, records_from_steps
+from autospec.strategy import StrategySpec
+
+__all__ = ["VllmReplayer"]
+
+
+class VllmReplayer:
+    """One AsyncLLM per strategy, replaying a request list at its trace times (module docstring)."""
+
+    def __init__(self, target: Path, draft: Path | None, *, max_batch: int, temperature: float = 0.0,
+                 seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+                 k_max: int | None = None, fit: Path | None = None):
+        self.target, self.draft = Path(target), None if draft is None else Path(draft)
+        self.max_batch, self.temperature, self.seed = max_batch, temperature, seed
+        self.k_schedules = dict(k_schedules or {})
+        self.k_max, self.fit = k_max, fit  # online length policies: K_max and the fitted latency model
+
+    def config_for(self, spec: StrategySpec) -> dict[str, Any]:
+        rows = self.k_schedules.get(spec.name)
+        if spec.length.policy == "batch-schedule" and rows is None:
+            # the per-batch-size K policy: its buckets up to max_batch become vLLM's schedule rows
+            spec, rows = vllm_form(spec, self.max_batch)
+        return speculative_config_for(spec, self.target, self.draft, rows, k_max=self.k_max, fit=self.fit,
+                                      temperature=self.temperature)
+
+    def check(self, specs: Sequence[StrategySpec]) -> None:
+        """Every strategy must be expressible before any engine starts."""
+        require_vllm()
+        for spec in specs:
+            self.config_for(spec)
+
+    def replay(self, spec: StrategySpec, requests: Sequence[Any], repeats: int,
+               on_start: Callable[[int], Callable[[int], None] | None] | None = None) -> list[ServeRecords]:
+        """ServeRecords for each repeat of `requests` under `spec`, on one engine."""
+        require_vllm()
+        set_env_defaults()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config_for(spec)
+        longest = max(len(r.prompt) + r.max_tokens for r in requests)
+        with tempfile.TemporaryDirectory(prefix="autospec-vllm-") as tmp:
+            log_path = Path(tmp) / "steps.jsonl"
+            # [chosen] Prefix caching off: every repeat replays the same prompts, and with the cache on a
+            # repeat after the first would skip its prefills (measured: static-k4's mean TPOT 58 ms in
+            # the first repeat, 40 ms in the second). The torch engine and the simulator keep no prefix
+            # cache either, so all three engines replay the same work.
+            kwargs = engine_kwargs(self.target, cfg, max_num_seqs=self.max_batch, seed=self.seed,
+                                   record_steps=log_path, max_model_len=served_max_model_len(self.target, longest),
+                                   enable_prefix_caching=False)
+            # The engine's output handler lives on this loop: shut the engine down before closing it.
+            loop = asyncio.new_event_loop()
+            try:
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+                try:
+                    out = []
+                    loop.run_until_complete(self._warm_up(engine, requests))
+                    for repeat in range(repeats):
+                        on_finish = on_start(repeat) if on_start is not None else None
+                        t0 = time.perf_counter()
+                        client = loop.run_until_complete(self._submit_all(engine, requests, t0, repeat, on_finish))
+                        wall = time.perf_counter() - t0
+                        steps = read_step_log(log_path, t0)
+                        out.append(records_from_steps(spec.name, requests, steps, t0, client, wall))
+                    return out
+                finally:
+                    engine.shutdown()
+                    loop.run_until_complete(asyncio.sleep(0))  # let cancelled handler tasks finish
+                    # Drop the engine now, while the interpreter is whole. When this call is the first to
+                    # import vllm.engine.arg_utils, vLLM keeps this frame (and its locals) alive after it
+                    # returns: vllm/multimodal/media/audio.py stores its failed torchcodec import's
+                    # exception at module level, and that traceback's frames lead back here. The AsyncLLM
+                    # would then be finalised at interpreter exit, where its __del__ -> shutdown() finds
+                    # its module globals gone and prints "Exception ignored in AsyncLLM.__del__" (issue
+                    # 17). shutdown() is idempotent, so the second call from __del__ does nothing.
+                    del engine
+                    gc.collect()
+            finally:
+                loop.close()
+
+    async def _warm_up(self, engine, requests: Sequence[Any]) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        for i, r in enumerate(requests[:2]):
+            async for _ in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt)), params,
+                                           request_id=f"warmup{i}"):
+                pass
+
+    async def _submit_all(self, engine, requests: Sequence[Any], t0: float, repeat: int,
+                          on_finish: Callable[[int], None] | None) -> dict[int, ClientRecord]:
+        return dict(await asyncio.gather(*(self._submit_one(engine, r, t0, repeat, on_finish) for r in requests)))
+
+    async def _submit_one(self, engine, r: Any, t0: float, repeat: int,
+                          on_finish: Callable[[int], None] | None) -> tuple[int, ClientRecord]:
+        """Submit `r` at its trace time (t0 + arrival_s) and wait for its final output."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        delay = t0 + r.arrival_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        submitted = time.perf_counter() - t0
+        params = SamplingParams(temperature=self.temperature, max_tokens=r.max_tokens, ignore_eos=True,
+                                seed=None if self.temperature == 0 else (self.seed + repeat) * 1_000_003 + r.req_id,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final: Any = None
+        async for output in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt)), params,
+                                            request_id=f"{r.req_id}"):
+            final = output  # FINAL_ONLY: the one output, with the whole completion
+        comp = final.outputs[0]
+        rec = ClientRecord(submitted, len(comp.token_ids))
+        if final.metrics is not None:
+            rec.preemptions = int(getattr(final.metrics, "num_preemptions", 0) or 0)
+        sdm = getattr(comp, "spec_decode_metrics", None)
+        if sdm is not None:
+            rec.spec_steps = list(zip(sdm.per_step_drafted, sdm.per_step_accepted))
+        if on_finish is not None:
+            on_finish(r.req_id)
+        return r.req_id, rec

@@ -51,7 +51,7 @@ from autospec.errors import InputError
 from autospec.serving.loop import ServeRecords, ServeRequest, SyntheticPrompt, serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.replay import Replay, sim_replay, trace_requests
-from autospec.strategy import StrategySpec, build_strategy, load_preset
+from autospec.strategy import StrategySpec, load_preset
 from autospec.workloads.trace import Trace
 
 BASELINE = "no-sd"
@@ -152,8 +152,9 @@ def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = N
     from autospec.fit import FittedSimEngine
 
     base = FittedSimEngine.from_dirs(profile, k_max=k_max, temperature=temperature, seed=seed)
+    # the fit behind the simulator (fit/, or fitted in memory) also gives DSpark its calibrator and SPS table
     return sim_replay(base, trace, faser=_fitted_faser(profile), slo=slo, max_batch=max_batch,
-                      kv_budget_tokens=kv_budget_tokens)
+                      kv_budget_tokens=kv_budget_tokens, fit=base.fit.policy_inputs)
 
 
 def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpec], *,
@@ -171,6 +172,9 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
     if latency_model is None and any(_needs_latency_model(s) for s in strategies):
         latency_model = (_load_fit(profile).latency_model if profile is not None
                          else quick_latency_model(engine))
+    # policies' defaults from the fit (DSpark's calibrator and SPS table); None without one: uncalibrated
+    has_fit = profile is not None and (Path(profile) / "fit" / "models.json").is_file()
+    fit = _load_fit(profile).policy_inputs if has_fit else None
 
     def engine_for(run_seed: int):
         engine.generator.manual_seed(run_seed)
@@ -178,7 +182,7 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
 
     return Replay(requests, engine_for, k_max=k_max, temperature=temperature, latency_model=latency_model,
                   faser=None if profile is None else _fitted_faser(profile), slo=Slo() if slo is None else slo,
-                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine)
+                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine, fit=fit)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -253,9 +257,11 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
     if spec.engine == "torch":
         # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
         warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
-        serve(replay.probe, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch,
+        serve(replay.probe, replay.build(strategies[-1]), warm, max_batch=spec.max_batch,
               settings=replay.settings(strategies[-1]))
 
+    # which strategies run calibrated (DSpark: the fit's calibrator); a warning line for each that does not
+    calibration = replay.calibration(strategies) if replay is not None else {}
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
@@ -297,6 +303,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None,
                    **({"target": str(spec.pair.target), "draft": str(spec.pair.draft), "device": spec.device}
                       if spec.engine in ("torch", "vllm") else {})},
         "slo": spec.slo.model_dump(),
+        "calibration": calibration,
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)

@@ -115,10 +115,11 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
         random_vocab,
         strategy_spec,
     )
-    from autospec.strategy import build_strategy
+    from autospec.strategy import build_strategy, calibration_flags, uncalibrated_warnings
 
     g = spec.generate
     strat_spec = strategy_spec(g.strategy, g.k)
+    uncalibrated_warnings([strat_spec], None)  # generate has no fit: DSpark ranks by raw confidences, say so
     dataset = g.dataset_selection()
     vocab = random_vocab(load_tokenizer(spec.pair.target)) if dataset is not None and dataset.needs_vocab else None
     prompts = _prompts(g.prompts, g.prompts_per_set, dataset, seed=spec.engine.seed, vocab=vocab)
@@ -145,6 +146,8 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
         summary["speedup_vs_no_sd"] = summary["tokens_per_s"] / base["tokens_per_s"]
         summary["t0_identical_to_no_sd"] = (results[0].token_ids == main.token_ids) if g.temperature == 0 else None
     report = {"texts": main.texts, **summary}
+    if calibration_flags([strat_spec], None):
+        report["calibration"] = calibration_flags([strat_spec], None)  # DSpark: {"calibrated": false, ...}
     if out_dir is not None:
         _write_generate_dir(out_dir, spec, prompts, main, summary)
     if as_json:
@@ -337,7 +340,7 @@ def _print_run(result: dict, out_dir: Path) -> None:
 @fail_cleanly
 def profile(
     out_dir: Path = typer.Option(..., "--out", help="run directory (writes DIR/profile/ and DIR/manifest.json)"),
-    quick: bool = typer.Option(False, "--quick", help="small grid and few prompts (a few minutes on a CPU)"),
+    quick: bool = typer.Option(False, "--quick", help="small grid, short traces (a few minutes on a CPU)"),
     k_max: int = typer.Option(8, "--k-max", help="longest draft chain recorded / verified"),
     prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s); default: the bundled "
                                                  "code/chat/math sets"),
@@ -352,8 +355,9 @@ def profile(
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
-                                                     help="acceptance-trace prompts per domain "
-                                                          "(default 16, 6 with --quick)"),
+                                                     help="acceptance-trace prompts per domain (default "
+                                                          "48, also with --quick: the calibration is held "
+                                                          "out by prompt)"),
     trace_tokens: Optional[int] = typer.Option(None, "--trace-tokens", min=2,
                                                help="positions per acceptance trace (default 128, 48 with "
                                                     "--quick); match the workload's output lengths: the "
@@ -422,9 +426,10 @@ def _print_profile(result, out_dir: Path) -> None:
 @fail_cleanly
 def fit(
     run_dir: Path = typer.Argument(..., help="run directory holding profile/ (from `autospec profile`)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the 80/20 train/held-out split"),
+    seed: int = typer.Option(0, "--seed", help="seed of the held-out folds (latency rows; prompts for calibration)"),
 ) -> None:
-    """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and STS calibration to a profile."""
+    """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and the acceptance calibration (STS,
+    isotonic, Platt; the lowest held-out ECE is DSpark's) to a profile."""
     from autospec.fit import fit_profile, write_fit
 
     models = fit_profile(run_dir, seed=seed)
@@ -446,6 +451,17 @@ def fit(
                                            if name == "target" else
                                            [f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}", ""]))
     table.add_row("STS ECE before → after", "", f"{models.sts['ece_before']:.3f} → {models.sts['ece_after']:.3f}")
+    cal = models.calibration
+    if cal is not None:  # held out by prompt (fit.fit_calibration); [95% CI, prompts resampled]
+        b, a = cal.before, cal.after
+        table.add_row(f"calibrator (DSpark): {cal.chosen}", "", f"{cal.prompts} prompts, {cal.folds} folds")
+        table.add_row("held-out ECE before → after", "",
+                      f"{b.ece:.3f} → {a.ece:.3f} [{a.ece_ci[0]:.3f}, {a.ece_ci[1]:.3f}]")
+        table.add_row("Brier skill vs base rate", "",
+                      f"{a.brier_skill:.3f} [{a.brier_skill_ci[0]:.3f}, {a.brier_skill_ci[1]:.3f}]")
+        for kind in cal.candidates:
+            s = cal.held_out[kind]
+            table.add_row(f"  {kind}: ECE / Brier skill", "", f"{s.ece:.3f} / {s.brier_skill:.3f}")
     for domain, probs in models.per_position_acceptance.items():
         table.add_row(f"P(m ≥ 1..{len(probs)}) {domain}", "", " ".join(f"{p:.2f}" for p in probs))
     out.print(table)

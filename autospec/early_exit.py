@@ -4,8 +4,9 @@ From layer L_init = ⌊0.4·L⌋ the target's hidden state that predicts draft p
 through the final norm and LM head; the draft token is flagged (likely rejected) when at least K_ℓ
 vocabulary entries score above it — a rank test, no full top-k. K_ℓ falls linearly from 64 at L_init
 to 10 at layer L − 1: conservative early, stricter deeper. Flagged tokens are pruned only when the
-remaining verify time saved beats the cost of pruning (Eq. 5–10). The engine applies these; keeping
-the position before a pruned token at full depth is what keeps the result lossless.
+time saved on the k̂_rej tokens expected to be rejected beats the cost of pruning them (Eq. 5–10).
+The engine applies these; keeping the position before a pruned token at full depth is what keeps the
+result lossless.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class EarlyExitParams(BaseModel):
     k_start: int = Field(64, ge=1)  # K_ℓ at L_init [chosen]
     k_end: int = Field(10, ge=1)  # K_ℓ at layer L − 1 [chosen]
     # Eq. 10's times when no fitted FASER model supplies them, as fractions of one full verify pass
-    # T_t (only the ratios enter Eq. 6–10): T_ee one rank check (final norm + LM head over the
-    # verified positions), T_pr dropping the pruned positions from the batch [chosen].
+    # (only ratios enter Eq. 6–10): T_ee one rank check (final norm + LM head over the verified
+    # positions), T_pr dropping the pruned positions from the batch [chosen]. T_t, the target's time
+    # for the k̂_rej tokens, is then k̂_rej / (fed positions) of the pass (`ratio_times`).
     check_cost_ratio: float = Field(0.05, ge=0.0)
     prune_cost_ratio: float = Field(0.01, ge=0.0)
 
@@ -62,14 +64,27 @@ def expected_rejections(draft_lengths: Sequence[int], acceptance: Sequence[float
     return float(sum(s * (1.0 - a) for s, a in zip(draft_lengths, acceptance)))
 
 
+def ratio_times(params: EarlyExitParams, fed_positions: int, k_rej: float) -> tuple[float, float, float]:
+    """(T_t, T_ee, T_pr) for Eq. 6–10 without a fitted FASER model, in units of one full verify pass
+    over `fed_positions` positions: T_t = k̂_rej / fed_positions, the share of the pass spent on the
+    tokens expected to be rejected [chosen: a pass's cost taken as proportional to its positions],
+    and the params' check and pruning cost ratios."""
+    share = min(max(k_rej, 0.0) / fed_positions, 1.0) if fed_positions > 0 else 0.0
+    return share, params.check_cost_ratio, params.prune_cost_ratio
+
+
 def time_saved(n_layers: int, layer: int, t_target: float, t_early_exit: float) -> float:
-    """T_save (Eq. 6–9): ΔL = L·T_ee/T_t layers' worth of checking; L' = max(L − ℓ − ΔL, 0);
-    T_save = (L'/L)·T_t."""
+    """T_save (Eq. 6–9), evaluated at k̂_rej: `t_target` is T_t(b, r, k̂_rej), the target's time for
+    the k̂_rej tokens expected to be rejected (not the whole verify pass). ΔL = L·T_ee/T_t layers'
+    worth of checking; L' = max(L − ℓ − ΔL, 0); T_save = (L'/L)·T_t. Nothing to save when T_t = 0."""
+    if t_target <= 0.0:
+        return 0.0
     delta_layers = n_layers * t_early_exit / t_target
     remaining = max(n_layers - layer - delta_layers, 0.0)
     return remaining / n_layers * t_target
 
 
 def should_prune(n_layers: int, layer: int, t_target: float, t_early_exit: float, t_prune: float) -> bool:
-    """Eq. 10: prune the flagged tokens when T_save > T_pr(b, r, k̂_rej)."""
+    """Eq. 10: prune the flagged tokens when T_save(k̂_rej) > T_pr(b, r, k̂_rej); `t_target` is
+    T_t(b, r, k̂_rej) (see `time_saved`)."""
     return time_saved(n_layers, layer, t_target, t_early_exit) > t_prune

@@ -55,7 +55,7 @@ from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.replay import Replay, sim_replay, trace_requests
-from autospec.strategy import StrategySpec, build_strategy, load_preset
+from autospec.strategy import StrategySpec, load_preset
 from autospec.telemetry import TelemetrySampler
 from autospec.workloads.spec import load_workload
 from autospec.workloads.trace import Trace
@@ -151,8 +151,9 @@ def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = N
         raise InputError("the sim engine needs --profile DIR (a profiled and fitted run directory)",
                          field="profile")
     base = FittedSimEngine.from_dirs(profile, k_max=k_max, temperature=temperature, seed=seed)
+    # the fit behind the simulator (fit/, or fitted in memory) also gives DSpark its calibrator and SPS table
     return sim_replay(base, trace, faser=_fitted_faser(profile), slo=slo, max_batch=max_batch,
-                      kv_budget_tokens=kv_budget_tokens)
+                      kv_budget_tokens=kv_budget_tokens, fit=base.fit.policy_inputs)
 
 
 def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpec], *,
@@ -170,6 +171,9 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
     if latency_model is None and any(_needs_latency_model(s) for s in strategies):
         latency_model = (load_fit(profile).latency_model if profile is not None
                          else quick_latency_model(engine))
+    # policies' defaults from the fit (DSpark's calibrator and SPS table); None without one: uncalibrated
+    has_fit = profile is not None and (Path(profile) / "fit" / "models.json").is_file()
+    fit = load_fit(profile).policy_inputs if has_fit else None
 
     def engine_for(run_seed: int):
         engine.generator.manual_seed(run_seed)
@@ -177,7 +181,7 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
 
     return Replay(requests, engine_for, k_max=k_max, temperature=temperature, latency_model=latency_model,
                   faser=None if profile is None else _fitted_faser(profile), slo=Slo() if slo is None else slo,
-                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine)
+                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine, fit=fit)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -223,10 +227,9 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     strategies, baseline = resolve_strategies(spec.strategies)
     trace = load_workload(spec.workload)
     if spec.engine == "vllm":
-        run = _vllm_runs(spec, trace, strategies, progress)
+        run, calibration = _vllm_runs(spec, trace, strategies, progress), {}
     else:
-        run = _loop_runs(spec, trace, strategies, progress)
-
+        run, calibration = _loop_runs(spec, trace, strategies, progress)
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
@@ -263,6 +266,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                    **({"target": str(spec.pair.target), "draft": str(spec.pair.draft), "device": spec.device}
                       if spec.engine in ("torch", "vllm") else {})},
         "slo": spec.slo.model_dump(),
+        "calibration": calibration,
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
@@ -278,8 +282,9 @@ def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
 
 
 def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
-               progress: Progress | None) -> RunFn:
-    """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call."""
+               progress: Progress | None) -> tuple[RunFn, dict]:
+    """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call; and which
+    strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not."""
     setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                  kv_budget_tokens=spec.kv_budget_tokens)
     if spec.engine == "sim":
@@ -292,7 +297,7 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
     if spec.engine == "torch":
         # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
         warm = [ServeRequest(r.req_id, 0.0, r.prompt, min(r.max_tokens, 8), r.domain) for r in requests[:2]]
-        serve(replay.probe, build_strategy(strategies[-1]), warm, max_batch=spec.max_batch,
+        serve(replay.probe, replay.build(strategies[-1]), warm, max_batch=spec.max_batch,
               settings=replay.settings(strategies[-1]))
 
     def run(strat: StrategySpec, repeat: int) -> ServeRecords:
@@ -300,7 +305,7 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
         on_finish = progress(label, len(requests)) if progress else None
         return replay.run(strat, spec.seed + repeat, on_finish=on_finish)
 
-    return run
+    return run, replay.calibration(strategies)
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

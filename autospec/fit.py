@@ -2,11 +2,13 @@
 
 From `DIR/profile/` it fits, each with a held-out error so a user can see how far to trust it:
 
-* AdaSpec's linear forward model T = α·N_c + γ·N_b + δ per model (N_c = batch·context, N_b =
-  batch·tokens) on the decode rows, robust relative least squares (`fit_linear_relative`), with a
+* AdaSpec's linear forward model T = α·N_c + γ·N_b + δ per model (N_c = the context summed over
+  the pass's positions, Eq. 3–4: batch·(tokens·context + tokens·(tokens − 1)/2); N_b = batch·tokens)
+  on the decode rows, robust relative least squares (`fit_linear_relative`), with a
   seeded 5-fold cross-validated MAPE (each fold holds out 20% of the rows; `fit_latency`); policies
   use it;
-* the simulator's clock: the same plus λ·log2(N_b) (latency.LinearCoeffs says why), same MAPE; and,
+* the simulator's clock: the same with the context counted once per pass (N_c = batch·context) plus
+  λ·log2(N_b) (latency.LinearCoeffs says why), same MAPE; and,
   when the profile has `decode_plain` rows (vLLM's plain engine, which serves no-SD), the target's
   clock in that engine;
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
@@ -17,8 +19,12 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
 * DSpark's SPS(B) table: target steps per second at B = batch·tokens verification tokens, measured at
   the profile's typical (median) context;
 * per-position acceptance per domain: P(m ≥ j), j = 1..K_max, from the acceptance traces;
-* STS calibration of draft confidences against "the first k drafts are all accepted", with held-out
-  ECE before and after.
+* the acceptance calibration DSpark applies (`fit_calibration`): calibrators of P(the first j drafts
+  are all accepted) from the chain's confidences — STS (DSpark's own), isotonic and Platt
+  (autospec.policies.calibrators) — scored held out by prompt (k-fold, no prompt on both sides) with
+  ECE and its bootstrap CI and the Brier skill score against the per-position base rate; the lowest
+  held-out ECE is chosen, refitted on every chain and stored (`calibration`; `sts` keeps STS's own
+  temperatures and ECE before/after).
 
 Everything lands in `DIR/fit/models.json`; `load_fit` reads it back as a `FitResult`.
 `FittedSimEngine.from_dirs` builds the simulator of a run directory from its profile and fit (fitting
@@ -30,7 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,12 +44,28 @@ import pandas as pd
 from autospec.artifacts import read_json, write_json
 
 # fit/models.json's schema (re-exported: callers import it from here)
-from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, FitModels, PrefillLine, read_fit_models
+from autospec.calibration import (
+    ACCEPTANCE_COLUMNS,
+    LATENCY_COLUMNS,
+    CalibrationFit,
+    FitModels,
+    PrefillLine,
+    read_fit_models,
+)
 from autospec.config import SCHEMA_VERSION
 from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
 from autospec.errors import InputError
-from autospec.latency import FaserModels, LinearCoeffs, LinearLatencyModel, PiecewiseLatency, fit_piecewise, mape
-from autospec.policies.sts import StsCalibration, fit_sts
+from autospec.latency import (
+    FaserModels,
+    LinearCoeffs,
+    LinearLatencyModel,
+    PiecewiseLatency,
+    fit_piecewise,
+    linear_features,
+    mape,
+)
+from autospec.policies.calibrators import Calibrator, IdentityCalibrator, StsCalibrator
+from autospec.policies.sts import StsCalibration
 from autospec.profile import read_parquet
 
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
@@ -92,6 +114,22 @@ class FitResult:
     def sts(self) -> StsCalibration:
         s = self.models.sts
         return StsCalibration(list(s["temperatures"]), s["ece_before"], s["ece_after"])
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """The calibrator DSpark applies: the fit's chosen one; for a fit written before calibrators were
+        chosen, its STS temperatures."""
+        if self.models.calibration is not None:
+            return self.models.calibration.calibrator
+        temps = list(self.models.sts.get("temperatures") or [])
+        return StsCalibrator(temperatures=temps) if temps else IdentityCalibrator()
+
+    @property
+    def policy_inputs(self) -> dict[str, Any]:
+        """What policies take from the fit by default (`autospec.strategy.apply_fit`): DSpark's calibrator
+        and SPS(B) table, as preset parameters."""
+        tokens, values = self.sps
+        return {"calibration": self.calibrator.model_dump(mode="json"), "sps_tokens": tokens, "sps_values": values}
 
     @property
     def per_position_acceptance(self) -> dict[str, list[float]]:
@@ -179,9 +217,21 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                              field="latency.parquet")
         b, s, c, t = (rows[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
         r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
-        design = np.column_stack([b * c, b * s, t])
+        # AdaSpec's model (policies) is fitted on the context summed over the pass's positions, as Eq.
+        # 3–4 use it (latency.linear_features); the simulator's clock keeps the context counted once
+        # per pass (the form it has always timed passes with).
+        designs = {"linear": np.column_stack([*linear_features(b, s, c), t]),
+                   "clock": np.column_stack([b * c, b * s, t])}
+        n = len(rows)
         for name, log_term in (("linear", False), ("clock", True)):
-            out[name][model], out[f"{name}_mape"][model] = _linear_with_cv(design, log_term, seed)
+            design = designs[name]
+
+            def linear_cv(train, test, log_term=log_term, design=design):
+                co = fit_linear_relative(design[train], log_term=log_term)
+                return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test][:, 2]
+
+            out[name][model] = fit_linear_relative(design, log_term=log_term)
+            out[f"{name}_mape"][model] = _held_out_mape(n, seed, linear_cv)
         kind = "draft" if model == "draft" else "target"
         out["piecewise"][model], out["piecewise_mape"][model] = _piecewise_with_cv(kind, b, s, r, t, seed)
         out["points"][model] = len(rows)
@@ -283,6 +333,123 @@ def chain_matrix(acceptance: pd.DataFrame, column: str, k_max: int) -> np.ndarra
     return mat
 
 
+# --- acceptance calibration -------------------------------------------------------------------------------
+
+CAL_FOLDS = 5  # k of the cross-validation grouped by prompt (each fold holds out ~HOLDOUT of the prompts)
+BOOTSTRAP = 1000  # prompt resamples behind the held-out CIs [chosen]
+
+
+def prompt_folds(prompt_ids: Sequence[str], domains: Sequence[str], k: int = CAL_FOLDS,
+                 seed: int = 0) -> list[np.ndarray]:
+    """Row indices of each held-out fold, grouped by prompt: every row of a prompt is in the same fold,
+    so no prompt has chains on both sides of a train/held-out split. Prompts are dealt to the folds
+    round-robin in a seeded order within each domain (so each fold holds every domain) [chosen]; at
+    most one fold per prompt."""
+    pids = np.asarray(prompt_ids).astype(str)
+    doms = np.asarray(domains).astype(str)
+    unique = list(dict.fromkeys(pids.tolist()))
+    if len(unique) < 2:
+        raise InputError(f"the acceptance traces hold {len(unique)} prompt(s); holding out by prompt needs at "
+                         "least 2", field="acceptance.parquet")
+    k = max(2, min(k, len(unique)))
+    first_domain = {p: d for p, d in zip(pids[::-1], doms[::-1])}  # the domain a prompt's first row has
+    rng = np.random.default_rng(seed)
+    fold_of: dict[str, int] = {}
+    dealt = 0
+    for domain in sorted(set(first_domain.values())):
+        group = sorted(p for p in unique if first_domain[p] == domain)
+        for p in rng.permutation(group).tolist():
+            fold_of[p] = dealt % k
+            dealt += 1
+    assignment = np.array([fold_of[p] for p in pids])
+    return [np.flatnonzero(assignment == f) for f in range(k)]
+
+
+def _score(pred: np.ndarray, labels: np.ndarray, valid: np.ndarray, base: np.ndarray, groups: np.ndarray,
+           weights: np.ndarray, bins: int) -> dict[str, Any]:
+    """CalibrationScore fields of out-of-fold predictions `pred` (N, K) against `labels`, with the
+    base-rate predictions `base` as the Brier reference; CIs from `weights` (B, G): each row one bootstrap
+    resample's multiplicity of every prompt group."""
+    from autospec.policies.calibrators import bin_index, reliability
+    from autospec.policies.sts import ece
+
+    rows, cols = np.nonzero(valid)
+    p, y, b, g = pred[rows, cols], labels[rows, cols], base[rows, cols], groups[rows]
+    n_groups = weights.shape[1]
+    idx = bin_index(p, bins)
+    # per prompt group: samples, Σ(y − p) per bin, squared errors of the predictor and the base rate
+    count = np.bincount(g, minlength=n_groups).astype(float)
+    gap = np.zeros((n_groups, bins))
+    np.add.at(gap, (g, idx), y - p)
+    se = np.bincount(g, (p - y) ** 2, minlength=n_groups)
+    se_base = np.bincount(g, (b - y) ** 2, minlength=n_groups)
+    boot_ece = np.abs(weights @ gap).sum(axis=1) / np.maximum(weights @ count, 1.0)
+    boot_skill = 1.0 - (weights @ se) / np.maximum(weights @ se_base, 1e-300)
+    brier_base = float(np.mean((b - y) ** 2))
+    brier_p = float(np.mean((p - y) ** 2))
+    return {"ece": ece(p, y, bins), "ece_ci": [float(v) for v in np.percentile(boot_ece, [2.5, 97.5])],
+            "brier": brier_p, "brier_skill": 1.0 - brier_p / brier_base if brier_base > 0 else 0.0,
+            "brier_skill_ci": [float(v) for v in np.percentile(boot_skill, [2.5, 97.5])],
+            "ece_by_position": [ece(pred[valid[:, j], j], labels[valid[:, j], j], bins) for j in range(pred.shape[1])],
+            "reliability": reliability(p, y, bins)}
+
+
+def fit_calibration(confidences: np.ndarray, accepted: np.ndarray, prompt_ids: Sequence[str],
+                    domains: Sequence[str] | None = None, *, kinds: Sequence[str] = ("sts", "isotonic", "platt"),
+                    folds: int = CAL_FOLDS, bootstrap: int = BOOTSTRAP, seed: int = 0) -> CalibrationFit:
+    """Fit the calibrators of `kinds` (autospec.policies.calibrators.FITTERS) to draft chains and choose one.
+
+    confidences: (N, K) chain confidences (NaN past a chain's end); accepted: (N,) match lengths;
+    prompt_ids / domains: each chain's prompt and domain. Each candidate is scored on out-of-fold
+    predictions of a k-fold cross-validation grouped by prompt (`prompt_folds`) — every chain is
+    predicted by a calibrator fitted on other prompts only — with the same `Calibrator.survival` DSpark
+    applies; "identity" (raw confidences) and "base_rate" (per position, P(m ≥ j) of the training
+    prompts) are scored alongside. CIs resample prompts (`bootstrap` times). The candidate with the
+    lowest held-out ECE is chosen [chosen: the spec's criterion; ties go to the earlier kind] and
+    refitted on every chain.
+    [chosen] Cross-validation rather than one 80/20 split: a quick profile holds ~100 prompts, and one
+    split would score the calibrators on ~20 of them, where prompt-to-prompt differences in acceptance
+    swamp a 2% ECE."""
+    from autospec.calibration import CalibrationScore
+    from autospec.policies.calibrators import ECE_BINS, FITTERS, survival_labels
+
+    conf = np.atleast_2d(np.asarray(confidences, float))
+    acc = np.asarray(accepted, float)
+    if conf.shape[0] != acc.shape[0] or conf.shape[0] != len(prompt_ids):
+        raise InputError("confidences, match lengths and prompt ids need one row per chain", field="acceptance")
+    unknown = [k for k in kinds if k not in FITTERS]
+    if unknown:
+        raise InputError(f"unknown calibrator kind(s) {unknown}; known: {sorted(FITTERS)}", field="kinds")
+    n, k_max = conf.shape
+    domains = ["all"] * n if domains is None else domains
+    test_folds = prompt_folds(prompt_ids, domains, folds, seed)
+    labels = survival_labels(acc, k_max)
+    valid = ~np.isnan(conf)
+    names = ["identity", "base_rate", *kinds]
+    pred = {name: np.full((n, k_max), np.nan) for name in names}
+    for test in test_folds:
+        train = np.setdiff1d(np.arange(n), test)
+        with np.errstate(invalid="ignore"):
+            rate = np.nanmean(np.where(valid[train], labels[train], np.nan), axis=0)
+        pred["base_rate"][test] = np.nan_to_num(rate, nan=0.0)[None, :]
+        pred["identity"][test] = IdentityCalibrator().survival(conf[test])
+        for kind in kinds:
+            pred[kind][test] = FITTERS[kind](conf[train], acc[train]).survival(conf[test])
+    # bootstrap weights over prompts: row = one resample's count of each prompt
+    pids = np.asarray(prompt_ids).astype(str)
+    uniq, groups = np.unique(pids, return_inverse=True)
+    rng = np.random.default_rng(seed)
+    weights = rng.multinomial(len(uniq), np.full(len(uniq), 1.0 / len(uniq)), size=bootstrap).astype(float)
+    scores = {name: CalibrationScore(**_score(np.where(valid, pred[name], np.nan), labels, valid,
+                                              pred["base_rate"], groups, weights, ECE_BINS))
+              for name in names}
+    chosen = min(kinds, key=lambda k: (scores[k].ece, list(kinds).index(k)))
+    candidates = {kind: FITTERS[kind](conf, acc) for kind in kinds}
+    return CalibrationFit(chosen=chosen, calibrator=candidates[chosen], candidates=candidates, held_out=scores,
+                          folds=len(test_folds), prompts=len(uniq), chains=n, samples=int(valid.sum()),
+                          bootstrap=bootstrap, bins=ECE_BINS, seed=seed)
+
+
 def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
     """All fits from DIR/profile (see the module docstring); validates the inputs first."""
     prof = Path(run_dir) / "profile"
@@ -298,7 +465,9 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
     lat = fit_latency(latency, seed)
     tokens, values, ctx = sps_table(latency)
     conf = chain_matrix(acceptance, "confidences", k_max)
-    sts = fit_sts(conf, acceptance["match_len"].to_numpy(float), holdout=HOLDOUT, seed=seed)
+    cal = fit_calibration(conf, acceptance["match_len"].to_numpy(float), acceptance["prompt_id"].to_numpy(),
+                          acceptance["domain"].to_numpy(), seed=seed)
+    raw, sts = cal.held_out["identity"], cal.held_out["sts"]
     return FitModels(
         schema_version=SCHEMA_VERSION, k_max=k_max,
         linear=LinearLatencyModel(draft=lat["linear"]["draft"], target=lat["linear"]["target"]).to_dict(),
@@ -311,9 +480,11 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
         prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],
         sps={"tokens": [float(t) for t in tokens], "values": values}, sps_context=ctx,
         per_position_acceptance=per_position_acceptance(acceptance, k_max),
-        sts={"temperatures": sts.temperatures, "ece_before": sts.ece_before, "ece_after": sts.ece_after,
-             "ece_before_by_position": sts.ece_before_by_position,
-             "ece_after_by_position": sts.ece_after_by_position},
+        # STS (DSpark's own method) keeps its key: its temperatures and held-out ECE, scored as every
+        # calibrator is (fit_calibration); `calibration` holds the one DSpark applies
+        sts={"temperatures": cal.candidates["sts"].temperatures, "ece_before": raw.ece, "ece_after": sts.ece,
+             "ece_before_by_position": raw.ece_by_position, "ece_after_by_position": sts.ece_by_position},
+        calibration=cal,
         holdout=HOLDOUT, seed=seed, points={**lat["points"], "acceptance": len(acceptance)})
 
 
@@ -356,6 +527,8 @@ class FittedSimEngine(SimEngine):
     profile in memory when fit/ is absent — is this stage's work, so the constructor lives here and
     engines never import a stage (tests/test_layers.py)."""
 
+    fit: FitResult | None = None  # set by from_dirs
+
     @classmethod
     def from_dirs(cls, run_dir: str | Path, fit_dir: str | Path | None = None, *, k_max: int | None = None,
                   temperature: float = 0.0, seed: int = 0) -> "FittedSimEngine":
@@ -373,5 +546,7 @@ class FittedSimEngine(SimEngine):
         else:
             fit = FitResult(fit_profile(root))
         frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
-        return cls(AcceptanceTraces(frame, fit.models.k_max), sim_costs(fit), k_max=k_max, temperature=temperature,
-                   seed=seed, fused_prefill=profiled_engine(root) == "vllm")
+        engine = cls(AcceptanceTraces(frame, fit.models.k_max), sim_costs(fit), k_max=k_max,
+                     temperature=temperature, seed=seed, fused_prefill=profiled_engine(root) == "vllm")
+        engine.fit = fit  # the fit it was built from: the replay's policy defaults (FitResult.policy_inputs)
+        return engine

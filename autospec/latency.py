@@ -10,6 +10,14 @@ Two families, both from the papers the policies come from (docs/policies.md §2 
 
 Convention for `context_tokens` (the contract's LatencyModel): the total context tokens of the batch,
 summed over requests (AdaSpec's N_c).
+
+AdaSpec's Eq. 3–4 sum the context over positions: a pass (or a verified position) at position i
+attends to N_c(i) = N_c + b·(i − 1), the context plus the b·(i − 1) tokens appended before it. So k
+draft passes cost α_d·Σ_{i=1..k} N_c(i) + γ_d·k·b + k·δ_d (Eq. 3), and one verify pass over t = k + 1
+positions per request costs α_v·Σ_{i=1..t} N_c(i) + γ_v·b·t + δ_v (Eq. 4): each extra verified
+position pays for the whole context again. `positions_context` is that sum; `autospec fit` fits α on
+it (`linear_features`), so the coefficients mean the same thing where they are fitted and where they
+are used.
 """
 
 from __future__ import annotations
@@ -56,18 +64,24 @@ class LinearLatencyModel:
     target: LinearCoeffs
 
     def draft_time(self, batch: int, context_tokens: float, steps: int) -> float:
-        # `steps` sequential draft passes of one token per request; each pass attends to the context
-        # plus the draft tokens already appended (b more per pass).
+        """Eq. 3: `steps` sequential draft passes of one token per request; pass i attends to the
+        context plus the b·(i − 1) draft tokens already appended."""
         if steps <= 0 or batch <= 0:
             return 0.0
         d = self.draft
-        per_pass = d.forward(context_tokens, batch)
-        return steps * per_pass + d.alpha * batch * steps * (steps - 1) / 2.0
+        t = d.alpha * positions_context(batch, context_tokens, steps) + d.gamma * batch * steps + steps * d.delta
+        return t + steps * d.lam * math.log2(batch) if d.lam and batch >= 1 else t
 
     def verify_time(self, batch: int, context_tokens: float, tokens_per_request: float) -> float:
+        """Eq. 4: one target pass over `tokens_per_request` positions of each request, the context
+        summed over those positions: α_v·Σ_{i=1..t} N_c(i) + γ_v·b·t + δ_v. Requests verifying unequal
+        numbers pass their mean t, in the same closed form [chosen: the contract gives the batch's
+        total context, not each request's]; exact when every request verifies the same number."""
         if batch <= 0:
             return 0.0
-        return self.target.forward(context_tokens, batch * tokens_per_request)
+        c, n_b = self.target, batch * tokens_per_request
+        t = c.alpha * positions_context(batch, context_tokens, tokens_per_request) + c.gamma * n_b + c.delta
+        return t + c.lam * math.log2(n_b) if c.lam and n_b >= 1 else t
 
     def sd_time(self, ks: Sequence[int], context_tokens: float, draft_steps: int | None = None) -> float:
         return sd_step_time(self, ks, context_tokens, draft_steps)
@@ -80,11 +94,29 @@ class LinearLatencyModel:
         return cls(LinearCoeffs(**data["draft"]), LinearCoeffs(**data["target"]))
 
 
+def positions_context(batch: float, context_tokens: float, positions: float) -> float:
+    """Σ_{i=1..t} N_c(i) with N_c(i) = N_c + b·(i − 1): the context summed over t positions of each of
+    b requests (AdaSpec Eq. 3–4); N_c is the batch's context before the first of them."""
+    if positions <= 0:
+        return 0.0
+    return positions * context_tokens + batch * positions * (positions - 1) / 2.0
+
+
+def linear_features(batch: np.ndarray | float, tokens: np.ndarray | float,
+                    context: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ N_c(i), N_b) of a profiled pass — `batch` requests, `tokens` positions each, `context` tokens
+    per request before them — for fitting AdaSpec's (α, γ, δ) as Eq. 3–4 use them. A draft pass
+    (one position) gives (b·c, b); a verify pass over t positions (b·(t·c + t(t − 1)/2), b·t)."""
+    b, s, c = (np.asarray(v, float) for v in (batch, tokens, context))
+    return s * b * c + b * s * (s - 1) / 2.0, b * s
+
+
 def sd_step_time(model: LatencyModel, ks: Sequence[int], context_tokens: float,
                  draft_steps: int | None = None) -> float:
-    """T_sd for one SD step: `draft_steps` draft passes (default max(ks)) plus one target pass that
-    verifies k_i + 1 positions of request i (AdaSpec Alg. 3's denominator). Works for any
-    LatencyModel; the verify cost takes the mean tokens per request, exact for linear models."""
+    """T_sd for one SD step (Eq. 5): `draft_steps` draft passes (default max(ks)) plus one target pass
+    that verifies k_i + 1 positions of request i (AdaSpec Alg. 3's denominator). Works for any
+    LatencyModel; the verify cost takes the mean positions per request (see
+    `LinearLatencyModel.verify_time`)."""
     b = len(ks)
     if b == 0:
         return 0.0
@@ -276,15 +308,18 @@ class FaserModels:
     def early_exit_times(self, r: float):
         """Eq. 10's times for the torch engine's `early_exit_times` hook: (batch, fed positions per
         request, k̂_rej) -> (T_t, T_ee, T_pr); None unless the profile timed T_ee and T_pr.
-        T_t is a full verify pass, T_ee one rank check over the fed draft positions (load α_ee·b·s), T_pr
-        pruning k̂_rej tokens of the batch (load α_pr·b·s with b·s = k̂_rej)."""
+        T_t is the target's time for the k̂_rej tokens expected to be rejected — the work pruning
+        saves, at which Eq. 6–9 evaluate T_save — and T_pr the cost of pruning them, both at
+        b·s = k̂_rej (s = k̂_rej/b per request) [chosen: the paper prices both at k̂_rej and does not
+        split it over requests]; T_ee is one rank check over the fed draft positions (load α_ee·b·s).
+        With k̂_rej = 0 nothing is expected to be saved: T_t = 0."""
         if self.early_exit is None or self.prune is None:
             return None
         target, check, prune = self.target, self.early_exit, self.prune
 
         def times(batch: int, positions: int, k_rej: float) -> tuple[float, float, float]:
             b = max(int(batch), 1)
-            return (float(target(b, positions, r)), float(check(b, max(positions - 1, 1), r)),
-                    float(prune(b, k_rej / b, r)))
+            t_t = float(target(b, k_rej / b, r)) if k_rej > 0 else 0.0
+            return t_t, float(check(b, max(positions - 1, 1), r)), float(prune(b, k_rej / b, r))
 
         return times

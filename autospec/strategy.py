@@ -16,6 +16,7 @@ Every problem is an InputError naming the file and the dotted field, in one line
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from dataclasses import dataclass
@@ -214,8 +215,80 @@ class Strategy:
                                    for p in (self.length, self.verify, self.schedule)))
 
 
-def build_strategy(spec: StrategySpec) -> Strategy:
-    """Instantiate the spec's policies (each call gives new objects with empty state)."""
+# --- defaults from a fit ---------------------------------------------------------------------------------
+
+log = logging.getLogger("autospec.strategy")
+
+
+def apply_fit(spec: StrategySpec, fit: Mapping[str, Any] | None) -> StrategySpec:
+    """`spec` with the fit's values in the parameters its policies take from a fit and the preset left
+    empty (a Params class names them in `fitted` and fills them in `with_fit`; DSpark: its calibrator
+    and SPS(B) table). `fit` is `autospec.fit.FitResult.policy_inputs`; None returns `spec` unchanged.
+    Every replay with a fit builds its strategies through this (`autospec.serving.replay.Replay`)."""
+    if not fit:
+        return spec
+    data = None
+    for kind in SECTIONS:
+        section: PolicySection = getattr(spec, kind)
+        params_model = policy_class(kind, section.policy).Params
+        if not getattr(params_model, "fitted", ()):
+            continue
+        filled = params_model.with_fit(section.params, fit)  # type: ignore[attr-defined]
+        if filled != section.params:
+            data = spec.model_dump() if data is None else data
+            data[kind] = {"policy": section.policy, **filled}
+    return spec if data is None else spec_from_dict(data)
+
+
+def uncalibrated(spec: StrategySpec) -> list[str]:
+    """The policies of `spec` ("verify: dspark") that would rank drafts by raw, uncalibrated confidences
+    (a Params class that says `calibrated` False)."""
+    out = []
+    for kind in SECTIONS:
+        section: PolicySection = getattr(spec, kind)
+        params = policy_class(kind, section.policy).Params.model_validate(dict(section.params))
+        if getattr(params, "calibrated", True) is False:
+            out.append(f"{kind}: {section.policy}")
+    return out
+
+
+def calibration_flags(specs: list[StrategySpec], fit: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Per strategy whose policies take a calibrator (DSpark): whether it runs calibrated, with which
+    calibrator kind, from where ("fit", "preset" or None) — what an evaluation summary records."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        for kind in SECTIONS:
+            section: PolicySection = getattr(spec, kind)
+            model = policy_class(kind, section.policy).Params
+            if "calibrated" not in dir(model):
+                continue
+            own = model.model_validate(dict(section.params))
+            used = model.model_validate(dict(getattr(apply_fit(spec, fit), kind).params))
+            source = "preset" if own.calibrated else ("fit" if used.calibrated else None)
+            out[spec.name] = {"calibrated": used.calibrated, "kind": used.calibrator.kind, "source": source}
+    return out
+
+
+def uncalibrated_warnings(specs: list[StrategySpec], fit: Mapping[str, Any] | None) -> list[str]:
+    """One warning line per strategy that runs uncalibrated with `fit` (None: the run has no fit); each is
+    also logged on the "autospec.strategy" logger (stderr when nothing else handles it)."""
+    lines = []
+    for spec in specs:
+        raw = uncalibrated(apply_fit(spec, fit))
+        if raw:
+            why = "the run has no fit" if not fit else "its preset and the fit give no calibrator"
+            lines.append(f"warning: {spec.name} runs uncalibrated ({', '.join(raw)} ranks drafts by raw draft "
+                         f"confidences: {why}; `autospec profile --out DIR` + `autospec fit DIR` make one, "
+                         "which evaluate --profile DIR, tune and run apply)")
+    for line in lines:
+        log.warning(line)
+    return lines
+
+
+def build_strategy(spec: StrategySpec, fit: Mapping[str, Any] | None = None) -> Strategy:
+    """Instantiate the spec's policies (each call gives new objects with empty state), with the fit's
+    defaults (`apply_fit`) when `fit` is given."""
+    spec = apply_fit(spec, fit)
     return Strategy(
         name=spec.name,
         length=build_policy("length", spec.length.policy, **spec.length.params),  # type: ignore[arg-type]

@@ -87,7 +87,7 @@ def main() -> None:
 
     from autospec.evaluate import open_sim_replay
     from autospec.serving.loop import serve
-    from autospec.strategy import build_strategy, load_preset
+    from autospec.strategy import load_preset
 
     run, profile_s = ensure_profile(args.run)
     rng = np.random.default_rng(args.seed)
@@ -102,7 +102,7 @@ def main() -> None:
     settings = replay.settings(spec)
     walls = []
     for _ in range(args.repeats):  # the same replay on a fresh engine and strategy each time
-        engine, strategy = replay.engine_for(args.seed), build_strategy(spec)
+        engine, strategy = replay.engine_for(args.seed), replay.build(spec)
         t0 = time.perf_counter()
         records = serve(engine, strategy, replay.requests, max_batch=args.batch, settings=settings)
         walls.append(time.perf_counter() - t0)

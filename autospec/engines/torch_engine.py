@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from autospec.contract import DraftToken, StepOutcome
-from autospec.early_exit import rank_threshold, should_prune, start_layer
+from autospec.early_exit import rank_threshold, ratio_times, should_prune, start_layer
 from autospec.engines.base import GenRequest, PrefillResult
 from autospec.engines.llama import CompactLlama, KVCache
 from autospec.errors import InputError
@@ -53,8 +53,9 @@ KL_CLAMP = 1e-8
 ACCEPT_EWMA = 0.3  # weight of the newest round in a request's acceptance estimate â_i (Eq. 5) [chosen]
 ACCEPT_PRIOR = 0.5  # â_i before a request's first verified draft [chosen]
 
-# (batch, tokens per request, k̂_rej) -> (T_t, T_ee, T_pr) seconds: a fitted FASER model's times for
-# Eq. 10 (autospec/latency.py); without one the engine uses EarlyExitParams' cost ratios.
+# (batch, tokens per request, k̂_rej) -> (T_t(k̂_rej), T_ee, T_pr(k̂_rej)) seconds: a fitted FASER model's
+# times for Eq. 10 (autospec/latency.py); without one the engine uses EarlyExitParams' cost ratios
+# (early_exit.ratio_times).
 EarlyExitTimes = Callable[[int, int, float], "tuple[float, float, float]"]
 
 
@@ -557,10 +558,11 @@ class TorchSDEngine:
         first = start_layer(n_layers, params.start_fraction)
         B = tokens.shape[0]
         k_rej = sum(n * (1.0 - r.acceptance) for r, n in zip(reqs, verify_n))  # Eq. 5
+        # Eq. 6–10 at k̂_rej: T_t is the target's time for the tokens expected to be rejected
         if self.early_exit_times is not None:
             t_t, t_ee, t_pr = self.early_exit_times(B, tokens.shape[1], k_rej)
         else:
-            t_t, t_ee, t_pr = 1.0, params.check_cost_ratio, params.prune_cost_ratio
+            t_t, t_ee, t_pr = ratio_times(params, sum(n + 1 for n in verify_n), k_rej)
 
         def hook(layer: int, hidden: torch.Tensor) -> int | None:
             # The last layer's output is the full-depth one: nothing left to save there.

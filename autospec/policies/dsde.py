@@ -4,8 +4,10 @@ Per request, the recent KL(p_target ‖ p_draft) values at verified positions de
 length: a stable, low divergence drafts long, a volatile or high one drafts short. A batch cap keeps
 one request from stretching the step for everyone.
 
-Equations (paper numbering): SL_max calibration Eq. 1, weighted statistics and WVIR Eq. 2–6, scale
-factor and SL̂ Eq. 7–8, batch cap Eq. 9–11.
+Equations (paper numbering, as docs/policies.md §5 cites them): SL_max calibration Eq. 1; the
+per-request step Eq. 2–8 — decay-weighted mean and variance, WVIR, the scale factor
+SF = exp(2·μ_KLD,last) − 1 with μ_KLD,last the mean KLD of the request's last step (Eq. 3), and SL̂;
+the batch cap Eq. 9–11.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def weighted_mean_var(values: Sequence[float], decay: float) -> tuple[float, flo
 
 def wvir(klds: Sequence[float], short: int = 10, long: int = 30, decay: float = 0.85,
          min_long_variance: float = 1e-6, flat_wvir: float = 20.0) -> float:
-    """Weighted variance intensity ratio Var_w(last `short`) / Var_w(last `long`) (Eq. 5–6)."""
+    """Weighted variance intensity ratio Var_w(last `short`) / Var_w(last `long`) (within Eq. 2–8)."""
     if len(klds) < 2:
         return 0.0
     _, var_long = weighted_mean_var(klds[-long:], decay)
@@ -62,20 +64,25 @@ def wvir(klds: Sequence[float], short: int = 10, long: int = 30, decay: float = 
 
 
 def scale_factor(mean_kld: float) -> float:
-    """SF = exp(2·μ_KLD) − 1 (Eq. 7)."""
+    """SF = exp(2·μ_KLD,last) − 1 (within Eq. 2–8; μ_KLD,last from Eq. 3)."""
     return math.exp(2.0 * mean_kld) - 1.0
 
 
-def predicted_length(klds: Sequence[float], sl_max: float, p: DsdeParams) -> int:
-    """SL̂ (Eq. 8): SL_min if SF·WVIR > 1, else (1 − SF·WVIR)·(SL_max − SL_min) + SL_min, rounded up.
+def step_mean(klds: Sequence[float]) -> float | None:
+    """μ_KLD,last (Eq. 3): the plain mean of the KLDs one step verified; None for a step with none."""
+    return sum(klds) / len(klds) if len(klds) else None
 
-    μ_KLD,last is the weighted mean over the short window [chosen: the window WVIR's numerator uses]."""
+
+def predicted_length(klds: Sequence[float], last_mean: float, sl_max: float, p: DsdeParams) -> int:
+    """SL̂ (Eq. 2–8): SL_min if SF·WVIR > 1, else (1 − SF·WVIR)·(SL_max − SL_min) + SL_min, rounded up.
+
+    `klds` is the request's KLD history (oldest first; WVIR's windows), `last_mean` μ_KLD,last, the mean
+    of its last step's KLDs (Eq. 3; `step_mean`). No history → SF·WVIR = 0 → SL_max."""
     if len(klds) == 0:
         product = 0.0
     else:
-        mean_last, _ = weighted_mean_var(klds[-p.short_window:], p.decay)
-        product = scale_factor(mean_last) * wvir(klds, p.short_window, p.long_window, p.decay,
-                                                  p.min_long_variance, p.flat_wvir)
+        product = scale_factor(last_mean) * wvir(klds, p.short_window, p.long_window, p.decay,
+                                                 p.min_long_variance, p.flat_wvir)
     if product > 1.0:
         return p.sl_min
     # The tiny tolerance keeps float noise (4.0000000001) from rounding up a whole token.
@@ -95,8 +102,9 @@ def batch_cap(lengths: Sequence[int]) -> int:
     return math.ceil(sum(lengths) / len(lengths) - 1e-9) if lengths else 0
 
 
-def predicted_lengths(histories: Sequence[Sequence[float]], sl_max: float, p: DsdeParams) -> list[int]:
-    """predicted_length for a whole batch at once (same numbers; one numpy pass instead of 3·B small
+def predicted_lengths(histories: Sequence[Sequence[float]], last_means: Sequence[float], sl_max: float,
+                      p: DsdeParams) -> list[int]:
+    """predicted_length for a whole batch at once (same numbers; one numpy pass instead of 2·B small
     ones, which keeps DSDE's per-step cost well under 1% of a verify step at batch 64)."""
     if not histories:
         return []
@@ -123,12 +131,13 @@ def predicted_lengths(histories: Sequence[Sequence[float]], sl_max: float, p: Ds
         var = (w * (x - mean[:, None]) ** 2).sum(1) / total
         return mean, var
 
-    mean_short, var_short = mean_var(valid_short)
+    _, var_short = mean_var(valid_short)
     _, var_long = mean_var(valid_long)
+    mean_last = np.asarray(last_means, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(var_long < p.min_long_variance, p.flat_wvir, var_short / np.maximum(var_long, 1e-300))
     wvir_v = np.where(n < 2, 0.0, ratio)
-    product = np.where(n == 0, 0.0, (np.exp(2.0 * mean_short) - 1.0) * wvir_v)
+    product = np.where(n == 0, 0.0, (np.exp(2.0 * mean_last) - 1.0) * wvir_v)
     out = []
     for prod in product.tolist():
         if prod > 1.0:
@@ -150,6 +159,9 @@ class DsdeLength(TargetLengthPolicy):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._klds: dict[int, deque[float]] = {}
+        # μ_KLD,last per request: the mean of its latest step that verified a draft [chosen: a step
+        # that verified none keeps the previous step's mean]
+        self._last_mean: dict[int, float] = {}
         self._warmup_proposed = 0
         self._warmup_klds: list[float] = []
         self._warmup_max_accepted = 0
@@ -160,7 +172,8 @@ class DsdeLength(TargetLengthPolicy):
             return [self.params.warmup_len or ctx.k_max] * ctx.batch_size
         sl_max = min(max(self.sl_max, self.params.sl_min), ctx.k_max)
         histories = [self._klds.get(r.req_id, ()) for r in ctx.requests]
-        sl_hat = [min(s, ctx.k_max) for s in predicted_lengths(histories, sl_max, self.params)]
+        last = [self._last_mean.get(r.req_id, 0.0) for r in ctx.requests]
+        sl_hat = [min(s, ctx.k_max) for s in predicted_lengths(histories, last, sl_max, self.params)]
         cap = batch_cap(sl_hat)
         return [min(s, cap) for s in sl_hat]
 
@@ -168,8 +181,12 @@ class DsdeLength(TargetLengthPolicy):
         for rid, klds, done in zip(outcome.req_ids, outcome.klds, outcome.finished):
             if done:
                 self._klds.pop(rid, None)
+                self._last_mean.pop(rid, None)
             else:
                 self._klds.setdefault(rid, deque(maxlen=self.params.long_window)).extend(klds)
+                mean = step_mean(klds)
+                if mean is not None:
+                    self._last_mean[rid] = mean
         if self.sl_max is None:
             self._warmup_proposed += sum(outcome.drafted)
             self._warmup_klds.extend(k for ks in outcome.klds for k in ks)

@@ -1,8 +1,16 @@
 """DSpark prefix scheduler (Cheng et al., DeepSeek; docs/policies.md §6) — verify policies.
 
-The verify budget is spent on the draft tokens most likely to survive: a_rj = Π_{i<=j} c_ri of
-request r's first j tokens (c calibrated with STS, autospec.policies.sts). Throughput of verifying B
-tokens in total is Θ = τ·SPS(B), τ the expected committed tokens, SPS(B) engine steps per second.
+The verify budget is spent on the draft tokens most likely to survive: a_rj, the chance that request
+r's first j tokens are all accepted, from the draft's confidences through a calibrator
+(`autospec.policies.calibrators`: the one `autospec fit` chose — isotonic, Platt or DSpark's STS —
+when a fit is given; Π_{i<=j} c_ri, the raw confidences, without). Throughput of verifying B tokens in
+total is Θ = τ·SPS(B), τ the expected committed tokens, SPS(B) engine steps per second: the profiled
+table from the fit, else from the fitted latency model.
+
+Defaults from the fit: `calibration`, `sps_tokens` and `sps_values` left empty in a preset are filled
+from the run's fit/models.json wherever a strategy is built for a replay with a fit
+(`autospec.strategy.apply_fit`, `DsparkParams.with_fit`); a run without one says it is uncalibrated
+(`autospec.strategy.uncalibrated_warnings`).
 
 * "dspark" — the lossless synchronous form (Alg. 1): admit tokens in survival order while Θ rises
   and stop at the first one that does not help. The early stop is what keeps the output distribution
@@ -16,7 +24,7 @@ tokens in total is Θ = τ·SPS(B), τ the expected committed tokens, SPS(B) eng
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, ClassVar, Mapping, Sequence, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -24,7 +32,7 @@ from pydantic import Field, model_validator
 from autospec.contract import DraftState, StepContext
 from autospec.errors import InputError
 from autospec.policies.base import PolicyParams, VerifyPolicyBase, batch_context_tokens, register_verify
-from autospec.policies.sts import survival
+from autospec.policies.calibrators import Calibrator, IdentityCalibrator, StsCalibrator
 
 Sps = Callable[[int], float]
 
@@ -33,8 +41,16 @@ class DsparkParams(PolicyParams):
     # SPS(B) from the profile: steps per second at B verification tokens (interpolated in B).
     sps_tokens: list[int] = Field(default_factory=list)
     sps_values: list[float] = Field(default_factory=list)
-    # STS temperatures per draft position (from `autospec fit`); [] = raw draft confidences.
+    # The calibrator of the draft confidences (autospec.policies.calibrators: {kind = "isotonic", x, y},
+    # {kind = "platt", coef}, {kind = "sts", temperatures}, {kind = "identity"}); unset = the fit's chosen
+    # one when the run has a fit (apply_fit), else the raw confidences.
+    calibration: Calibrator | None = None
+    # STS temperatures per draft position given by hand (the same as calibration = {kind = "sts", ...});
+    # [] = the calibration above.
     temperatures: list[float] = Field(default_factory=list)
+
+    # Parameters a fit supplies when a preset leaves them empty (autospec.strategy.apply_fit).
+    fitted: ClassVar[tuple[str, ...]] = ("calibration", "sps_tokens", "sps_values")
 
     @model_validator(mode="after")
     def _table(self) -> "DsparkParams":
@@ -47,7 +63,32 @@ class DsparkParams(PolicyParams):
             raise ValueError("sps_values must be positive")
         if any(t <= 0 for t in self.temperatures):
             raise ValueError("temperatures must be positive")
+        if self.temperatures and self.calibration is not None:
+            raise ValueError("give calibration or temperatures, not both")
         return self
+
+    @classmethod
+    def with_fit(cls, params: Mapping[str, Any], fit: Mapping[str, Any]) -> dict[str, Any]:
+        """`params` with the fit's values (FitResult.policy_inputs) where the preset left them empty: the
+        calibrator unless the preset gives one (or STS temperatures), the SPS table unless it gives one."""
+        out = dict(params)
+        if not out.get("calibration") and not out.get("temperatures") and fit.get("calibration"):
+            out["calibration"] = fit["calibration"]
+        if not out.get("sps_tokens") and not out.get("sps_values") and fit.get("sps_tokens"):
+            out["sps_tokens"], out["sps_values"] = list(fit["sps_tokens"]), list(fit["sps_values"])
+        return out
+
+    @property
+    def calibrator(self) -> Calibrator:
+        """What turns confidences into survivals: `calibration`, else STS of `temperatures`, else raw."""
+        if self.calibration is not None:
+            return self.calibration
+        return StsCalibrator(temperatures=self.temperatures) if self.temperatures else IdentityCalibrator()
+
+    @property
+    def calibrated(self) -> bool:
+        """False when the survivals are the raw confidences (no fit's and no preset's calibrator)."""
+        return self.calibrator.kind != "identity"
 
 
 class DsparkAsyncParams(DsparkParams):
@@ -67,10 +108,11 @@ def table_sps(tokens: Sequence[int], values: Sequence[float]) -> Sps:
     return sps
 
 
-def survivals(drafts: DraftState, temperatures: Sequence[float]) -> list[list[float]]:
-    """a_rj for every request r and drafted position j (calibrated when temperatures are given).
+def survivals(drafts: DraftState, calibrator: Calibrator) -> list[list[float]]:
+    """a_rj for every request r and drafted position j, by `calibrator` — the function `autospec fit`
+    scored (Calibrator.survival).
 
-    One vectorised survival() over the batch padded with NaN (NaN stays NaN and is cut off again)."""
+    One vectorised call over the batch padded with NaN (NaN stays NaN and is cut off again)."""
     lengths = drafts.lengths()
     width = max(lengths, default=0)
     if width == 0:
@@ -78,7 +120,7 @@ def survivals(drafts: DraftState, temperatures: Sequence[float]) -> list[list[fl
     conf = np.full((len(lengths), width), np.nan)
     for i, confs in enumerate(drafts.confidences):
         conf[i, : len(confs)] = confs
-    surv = survival(conf, temperatures).tolist()
+    surv = calibrator.survival(conf).tolist()
     return [row[:n] for row, n in zip(surv, lengths)]
 
 
@@ -168,8 +210,12 @@ class DsparkVerifier(VerifyPolicyBase):
     Params = DsparkParams
     params: DsparkParams
 
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._calibrator = self.params.calibrator
+
     def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
-        return schedule_sync(survivals(drafts, self.params.temperatures), sps_function(self.params, ctx, drafts))
+        return schedule_sync(survivals(drafts, self._calibrator), sps_function(self.params, ctx, drafts))
 
 
 @register_verify("dspark-async")
@@ -185,10 +231,11 @@ class DsparkAsyncVerifier(VerifyPolicyBase):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
+        self._calibrator = self.params.calibrator
         self._history: deque[list[list[float]]] = deque(maxlen=self.params.lag + 1)
 
     def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
-        surv = survivals(drafts, self.params.temperatures)
+        surv = survivals(drafts, self._calibrator)
         self._history.append(surv)
         stale = self._history[0]
         budget = global_argmax_budget(stale, sps_function(self.params, ctx, drafts))

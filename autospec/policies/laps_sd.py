@@ -2,12 +2,16 @@
 
 K priority queues over attained service: Q_j holds [S_j^down, S_j^up) with S_j^up = M^(j−1)·S_1^up,
 S_j^down = S_{j−1}^up, S_K^up = ∞. A request arrives non-perceptible (NP) in Q_1 and is demoted as its
-attained service E_i grows (multi-level feedback, like LAS). Once its last γ per-round acceptance
-rates vary by less than δ it becomes perceptible (PC): A_i = their mean and its time estimate
-T̃_i = (n·L_i·T_SSM + L_i·T_LLM) / (n·A_i + 1) (Eq. 6) place it in the queue whose range holds T̃_i,
-where it stays and is never preempted. Dispatch: lowest-index non-empty queue first; inside a queue
-PC requests by ascending remaining T̃ (SJF), then NP requests FCFS; slots are filled in this order
-[chosen: the paper shows batch 1].
+attained service E_i grows (multi-level feedback, like LAS). Stability is judged on the request's
+running acceptance rate, total accepted ÷ total verified drafts so far (§4.3: "based on the total
+number of processed tokens and the number of accepted ones"): once that running rate, taken after
+each of its last γ rounds, has moved by less than δ (max − min) the request becomes perceptible
+(PC): A_i = the running rate and its time estimate T̃_i = (n·L_i·T_SSM + L_i·T_LLM) / (n·A_i + 1)
+(Eq. 6) place it in the queue whose range holds T̃_i, where it stays and is never preempted. A
+single round's rate moves in steps of 1/n (n drafts), so testing the spread of per-round rates
+would almost never call a request stable; the running rate settles as rounds accumulate.
+Dispatch: lowest-index non-empty queue first; inside a queue PC requests by ascending remaining T̃
+(SJF), then NP requests FCFS; slots are filled in this order [chosen: the paper shows batch 1].
 
 E_i is RequestView.attained_service_s (the serving loop's account). T_SSM (per-token draft time) and
 T_LLM (verify-pass time) are the running means of what the engine reported, unless configured.
@@ -32,8 +36,10 @@ class LapsSdParams(PolicyParams):
     growth: float = Field(2.0, gt=1.0)  # M [chosen]
     s1_up_rounds: float = Field(8.0, gt=0.0)  # S_1^up in SD rounds' worth of time [chosen]
     s1_up_s: float = Field(0.0, ge=0.0)  # S_1^up in seconds; 0 = s1_up_rounds × mean round time
-    stability_rounds: int = Field(10, ge=1)  # γ [chosen]
-    stability_delta: float = Field(0.05, gt=0.0)  # δ [chosen]
+    # γ: rounds over which the running acceptance rate must stay within δ [chosen]; a round that
+    # verified no draft adds nothing to the running rate and is not counted [chosen]
+    stability_rounds: int = Field(10, ge=1)
+    stability_delta: float = Field(0.05, gt=0.0)  # δ, max − min of the running rate [chosen]
     draft_len: int = Field(4, ge=1)  # n of Eq. 6 (the strategy's static draft length) [chosen]
     t_ssm_s: float = Field(0.0, ge=0.0)  # per-token draft time; 0 = measured
     t_llm_s: float = Field(0.0, ge=0.0)  # verify-pass time; 0 = measured
@@ -43,7 +49,9 @@ class LapsSdParams(PolicyParams):
 
 @dataclass
 class _RequestState:
-    rates: deque[float]
+    rates: deque[float]  # the running acceptance rate after each of the last γ rounds
+    accepted: int = 0  # totals since arrival (§4.3's running rate = accepted / verified)
+    verified: int = 0
     perceptible: bool = False
     acceptance: float = 0.0  # A_i
     estimate_s: float = 0.0  # T̃_i
@@ -168,7 +176,12 @@ class LapsSdSchedule(SchedulePolicyBase):
             st = self.state(rid)
             if st.perceptible or verified <= 0:
                 continue
-            st.rates.append(accepted / verified)
+            # The denominator is the verified drafts, the tokens the target processed ("processed
+            # tokens", §4.3) [chosen]: a draft a verify policy cut was never judged. With `verify =
+            # all` (the laps-sd preset) it equals the drafted tokens.
+            st.accepted += accepted
+            st.verified += verified
+            st.rates.append(st.accepted / st.verified)
             if len(st.rates) == p.stability_rounds and max(st.rates) - min(st.rates) < p.stability_delta:
                 self._promote(rid, st)
 
@@ -178,6 +191,6 @@ class LapsSdSchedule(SchedulePolicyBase):
             return  # never seen by pick(): no length to estimate from, stay non-perceptible
         length = self.lengths.total(view)
         st.perceptible = True
-        st.acceptance = sum(st.rates) / len(st.rates)
+        st.acceptance = st.accepted / st.verified  # the running rate that was found stable
         st.estimate_s = estimated_time(length, st.acceptance, self.params.draft_len, self.t_ssm(), self.t_llm())
         st.queue = queue_index(st.estimate_s, self.bounds())

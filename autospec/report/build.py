@@ -184,6 +184,37 @@ def fit_table(fit) -> dict:
                         "α / γ / δ (s)", "profiled shapes"], "rows": rows}
 
 
+def calibration_text(fit) -> str:
+    """One paragraph: the calibrator DSpark applies, held-out ECE before → after with its CI, Brier skill."""
+    sts = fit.models.sts
+    cal = fit.models.calibration
+    head = f"STS calibration of draft confidences, held-out ECE {sts['ece_before']:.3f} → {sts['ece_after']:.3f}."
+    if cal is None:
+        return head + " (This fit predates the calibrator choice: DSpark applies the STS temperatures.)"
+    b, a = cal.before, cal.after
+    return (f"Calibrator DSpark applies: {cal.chosen} — the lowest held-out ECE of {', '.join(cal.candidates)}. "
+            f"Held out by prompt ({cal.folds}-fold cross-validation over {cal.prompts} prompts, {cal.chains} "
+            f"chains, {cal.samples} draft positions; no prompt on both sides): ECE {b.ece:.3f} on raw confidences "
+            f"→ {a.ece:.3f} [95% CI {a.ece_ci[0]:.3f}, {a.ece_ci[1]:.3f}, prompts resampled]; Brier skill score "
+            f"against the per-position base rate {a.brier_skill:.3f} [{a.brier_skill_ci[0]:.3f}, "
+            f"{a.brier_skill_ci[1]:.3f}] (0 = no better than the base rate). {head}")
+
+
+def calibration_table(fit) -> dict | None:
+    """Held-out scores of every predictor the fit compared (None for a fit without them)."""
+    cal = fit.models.calibration
+    if cal is None:
+        return None
+    names = {"identity": "raw confidences (before)", "base_rate": "per-position base rate (reference)"}
+    rows = []
+    for name, s in cal.held_out.items():
+        label = names.get(name, name) + (" — chosen" if name == cal.chosen else "")
+        rows.append([label, f"{s.ece:.3f} [{s.ece_ci[0]:.3f}, {s.ece_ci[1]:.3f}]", f"{s.brier:.4f}",
+                     f"{s.brier_skill:.3f} [{s.brier_skill_ci[0]:.3f}, {s.brier_skill_ci[1]:.3f}]"])
+    return {"columns": ["predictor of P(first j drafts accepted)", "held-out ECE [95% CI]", "Brier",
+                        "Brier skill vs base rate [95% CI]"], "rows": rows}
+
+
 def _pct(v: Any) -> str:
     return "–" if v is None else f"{v:.1%}"
 
@@ -236,10 +267,10 @@ def build_sections(data: RunData) -> list[dict]:
         add("Simulator vs real engine", [{"kind": "table", **comparison_table(pairs)}, fig(F.sim_vs_real(pairs))])
     if data.fit is not None:
         add("Latency model fit", [{"kind": "table", **fit_table(data.fit)}, fig(F.latency_fit(data.latency, data.fit))])
-        sts = data.fit.models.sts
+        cal_table = calibration_table(data.fit)
         add("Acceptance calibration", [
-            {"kind": "text", "text": f"STS calibration of draft confidences, held-out ECE "
-                                     f"{sts['ece_before']:.3f} → {sts['ece_after']:.3f}."},
+            {"kind": "text", "text": calibration_text(data.fit)},
+            {"kind": "table", **cal_table} if cal_table else None,
             fig(F.calibration(data.acceptance, data.fit)), fig(F.profile_acceptance(data.fit))])
     ts = data.tune_summary or {}
     best = best_table(ts)
@@ -297,6 +328,9 @@ def render_summary(data: RunData) -> str:
         sts = data.fit.models.sts
         lines += ["## Latency model fit", ""] + _md_table(fit_table(data.fit))
         lines += [f"STS acceptance calibration: held-out ECE {sts['ece_before']:.3f} → {sts['ece_after']:.3f}.", ""]
+        cal_table = calibration_table(data.fit)
+        if cal_table:
+            lines += ["## Acceptance calibration", "", _md(calibration_text(data.fit)), ""] + _md_table(cal_table)
     best = best_table(data.tune_summary or {})
     if best:
         lines += ["## Best tuned configuration", ""]

@@ -238,8 +238,10 @@ def latency_fit(latency: pd.DataFrame | None, fit) -> go.Figure | None:
     for name, coeffs, color in (("draft", model.draft, "#ff7f0e"), ("target", model.target, "#1f77b4")):
         dec = latency[(latency["model"] == name) & (phase == "decode")]
         if not dec.empty:
+            from autospec.latency import linear_features  # the features the fit used (Eq. 3–4)
+
             b, s, c = (dec[k].to_numpy(float) for k in ("batch", "tokens", "context"))
-            pred = np.array([coeffs.forward(nc, nb) for nc, nb in zip(b * c, b * s)])
+            pred = np.array([coeffs.forward(nc, nb) for nc, nb in zip(*linear_features(b, s, c))])
             meas = dec["median_s"].to_numpy(float)
             held = fit.models.linear_mape.get(name)
             fig.add_trace(go.Scatter(
@@ -285,10 +287,15 @@ def profile_acceptance(fit) -> go.Figure | None:
 
 
 def calibration(acceptance: pd.DataFrame | None, fit) -> go.Figure | None:
-    """STS acceptance calibration: reliability diagram (when traces exist) and ECE per position."""
+    """Acceptance calibration: the held-out reliability diagram of the raw confidences and of the
+    calibrator DSpark applies, and held-out ECE per position (raw, STS, chosen) — all from fit/models.json
+    (`calibration`). A fit written before calibrators were chosen: STS's in-sample reliability from the
+    traces."""
     if fit is None:
         return None
     # lazily: it loads every policy (~0.1 s), which a report of a run without fit/ never needs
+    if getattr(fit.models, "calibration", None) is not None:
+        return _held_out_calibration(fit.models.calibration)
     from autospec.policies.sts import survival
 
     sts = fit.models.sts
@@ -328,6 +335,34 @@ def calibration(acceptance: pd.DataFrame | None, fit) -> go.Figure | None:
     fig.update_xaxes(title="draft position", dtick=1, row=1, col=2)
     fig.update_layout(barmode="group")
     return _layout(fig, "Acceptance calibration (STS, held-out ECE)", 420)
+
+
+def _held_out_calibration(cal) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("held-out reliability: P(first j drafts accepted)",
+                                        "held-out ECE per position"))
+    colors = {"identity": "#d62728", "sts": "#9467bd", cal.chosen: "#2ca02c"}
+    label = {"identity": "raw draft confidence", "sts": "STS", cal.chosen: f"{cal.chosen} (chosen)"}
+    for name in ("identity", cal.chosen):
+        pts = cal.held_out[name].reliability
+        fig.add_trace(go.Scatter(x=[q["predicted"] for q in pts], y=[q["observed"] for q in pts],
+                                 mode="lines+markers", name=f"{label[name]} (ECE {cal.held_out[name].ece:.3f})",
+                                 line={"color": colors[name]}, legendgroup=name,
+                                 customdata=[q["count"] for q in pts],
+                                 hovertemplate="predicted %{x:.2f}<br>observed %{y:.2f}<br>"
+                                               "n=%{customdata}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"color": "grey", "dash": "dot"},
+                             name="perfect calibration", hoverinfo="skip"), row=1, col=1)
+    for name in dict.fromkeys(("identity", "sts", cal.chosen)):
+        per = cal.held_out[name].ece_by_position
+        fig.add_trace(go.Bar(x=list(range(1, len(per) + 1)), y=per, name=f"ECE {label[name]}",
+                             marker_color=colors[name], legendgroup=name, showlegend=name == "sts"),
+                      row=1, col=2)
+    fig.update_xaxes(title="predicted", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(title="observed", range=[0, 1.02], row=1, col=1)
+    fig.update_xaxes(title="draft position", dtick=1, row=1, col=2)
+    fig.update_layout(barmode="group")
+    return _layout(fig, f"Acceptance calibration (held out by prompt; DSpark applies {cal.chosen})", 420)
 
 
 # --- tuning --------------------------------------------------------------------------------------

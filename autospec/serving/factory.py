@@ -16,7 +16,7 @@ import torch
 from autospec.config import EngineSpec, PairSpec
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
-from autospec.latency import LinearLatencyModel, fit_linear
+from autospec.latency import LinearLatencyModel, fit_linear, linear_features
 from autospec.strategy import StrategySpec, load_preset, spec_from_dict
 from autospec.workloads.prompts import Prompt
 
@@ -69,7 +69,8 @@ def quick_latency_model(engine: TorchSDEngine, repeats: int = 3) -> LinearLatenc
         for context in (64, 256):
             for tokens in (1, 5):
                 t = float(np.median(engine.time_forward("target", batch, tokens, context, repeats)))
-                target_rows.append([batch * context, batch * tokens, t])
+                # the context summed over the pass's positions, as Eq. 4 uses it (latency.linear_features)
+                target_rows.append([*map(float, linear_features(batch, tokens, context)), t])
             t = float(np.median(engine.time_forward("draft", batch, 1, context, repeats)))
             draft_rows.append([batch * context, batch, t])
     # The draft grid has only two N_b values per context; add a wider batch so the fit is determined.

@@ -11,6 +11,9 @@ structure of a vLLM profile included —, same requests, same settings, same SLO
 * `step_settings` — the `StepSettings` of one strategy: K_max, temperature, the latency model policies
   consult, FASER's fitted models, the SLO's TPOT and the strategy's own SM split.
 * `Replay` — requests + settings + `engine_for(seed)`; `run(strategy, seed)` serves the workload once.
+  With `fit` (the run's `FitResult.policy_inputs`) every strategy is built with the fit's defaults
+  (`autospec.strategy.apply_fit`: DSpark's calibrator and SPS(B) table); without, `uncalibrated` names the
+  strategies that run on raw confidences.
 * `sim_replay` — a `Replay` on a simulator: given one engine built from a run directory (reading the
   profile and fit is the slow part), every run gets a fresh engine over the same traces, costs and step
   structure, so runs share no clock or random state and cost only the replay.
@@ -24,7 +27,7 @@ the engine and the fit's FASER models in here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from autospec.contract import LatencyModel
 from autospec.engines.base import Engine
@@ -34,7 +37,7 @@ from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
-from autospec.strategy import StrategySpec, build_strategy
+from autospec.strategy import Strategy, StrategySpec, build_strategy, calibration_flags, uncalibrated_warnings
 from autospec.workloads.trace import Trace
 
 __all__ = ["Replay", "sim_replay", "step_settings", "trace_requests"]
@@ -75,6 +78,18 @@ class Replay:
     # an engine of this replay, for capability checks before anything runs (the simulator's oracle
     # signal, its vocabulary); never served on
     probe: Any = None
+    # what policies take from the run's fit by default (FitResult.policy_inputs); None = no fit
+    fit: Mapping[str, Any] | None = None
+
+    def build(self, strategy: StrategySpec) -> Strategy:
+        """The strategy's policies as this replay runs them: with the fit's defaults (apply_fit)."""
+        return build_strategy(strategy, self.fit)
+
+    def calibration(self, strategies: Sequence[StrategySpec]) -> dict[str, dict[str, Any]]:
+        """Per strategy that takes a calibrator: calibrated or not, its kind and source (the summary's
+        flag); logs a warning line for each one that runs uncalibrated."""
+        uncalibrated_warnings(list(strategies), self.fit)
+        return calibration_flags(list(strategies), self.fit)
 
     def settings(self, strategy: StrategySpec) -> StepSettings:
         return step_settings(strategy, k_max=self.k_max, temperature=self.temperature,
@@ -83,18 +98,19 @@ class Replay:
     def run(self, strategy: StrategySpec, seed: int, *, on_finish: Callable | None = None,
             requests: list[ServeRequest] | None = None) -> ServeRecords:
         """Serve the workload (or `requests`) once under `strategy` on the engine for `seed`."""
-        return serve(self.engine_for(seed), build_strategy(strategy),
+        return serve(self.engine_for(seed), self.build(strategy),
                      self.requests if requests is None else requests, max_batch=self.max_batch,
                      settings=self.settings(strategy), kv_budget_tokens=self.kv_budget_tokens,
                      on_finish=on_finish)
 
 
 def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = None, slo: Slo | None = None,
-               max_batch: int = 8, kv_budget_tokens: int | None = None) -> Replay:
+               max_batch: int = 8, kv_budget_tokens: int | None = None,
+               fit: Mapping[str, Any] | None = None) -> Replay:
     """`trace` on the simulator `base` (its K_max, temperature and latency model, which policies
-    consult). Every run gets a new engine of base's class with its traces, costs and step structure
-    (`fused_prefill` for a vLLM profile) — exactly what built `base` — seeded with the run's seed;
-    `base` itself is never served on."""
+    consult; `fit`: the policies' defaults from the fit). Every run gets a new engine of base's class
+    with its traces, costs and step structure (`fused_prefill` for a vLLM profile) — exactly what built
+    `base` — seeded with the run's seed; `base` itself is never served on."""
 
     def engine_for(run_seed: int) -> SimEngine:
         return type(base)(base.traces, base.costs, k_max=base.k_max, temperature=base.temperature, seed=run_seed,
@@ -103,4 +119,4 @@ def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = Non
     return Replay(trace_requests(trace, vocab=getattr(base, "vocab_size", 1)), engine_for, k_max=base.k_max,
                   temperature=base.temperature, latency_model=base.latency_model, faser=faser,
                   slo=Slo() if slo is None else slo, max_batch=max_batch, kv_budget_tokens=kv_budget_tokens,
-                  probe=base)
+                  probe=base, fit=fit)

@@ -124,7 +124,8 @@ def test_fitted_early_exit_times_drive_eq10(deep_tiny):
     engine = TorchSDEngine(*deep_tiny)
     engine.configure_execution(EAGER_EXECUTION, faser=costly)
     t_t, t_ee, t_pr = engine.early_exit_times(2, 5, 1.5)
-    assert t_t == pytest.approx(float(FLAT.target(2, 5, 0.0))) and t_ee == 0.0 and t_pr == pytest.approx(1.0)
+    # T_t at k̂_rej (Eq. 6–10): the target's time for the 1.5 tokens expected to be rejected, b·s = 1.5
+    assert t_t == pytest.approx(float(FLAT.target(2, 0.75, 0.0))) and t_ee == 0.0 and t_pr == pytest.approx(1.0)
     run_static(engine, PROMPTS, 4, 12)
     assert engine.early_exit_stats["pruned"] == 0  # a 1 s pruning cost never pays
     engine = TorchSDEngine(*deep_tiny)
@@ -150,7 +151,8 @@ def test_fit_gives_ee_and_prune_models_when_the_profile_timed_them():
     assert lat["piecewise_mape"]["early_exit"] < 1e-6 and lat["piecewise_mape"]["prune"] < 1e-6
     models = FaserModels.from_dict(lat["piecewise"])
     times = models.early_exit_times(0.0)
-    assert times(4, 3, 2.0) == pytest.approx((1e-3 * 12 + 3e-3 + 1e-2, 2e-5 * 4 * 2 + 1e-4, 1e-6 * 2 + 5e-5))
+    # T_t and T_pr at k̂_rej = 2 (b·s = 2, s = 0.5), T_ee over the 2 fed draft positions per request
+    assert times(4, 3, 2.0) == pytest.approx((1e-3 * 2 + 1e-3 * 0.5 + 1e-2, 2e-5 * 4 * 2 + 1e-4, 1e-6 * 2 + 5e-5))
     # the committed CPU profile's fit: draft and target only, no r axis, no early-exit models
     ci = load_fit(Path(__file__).resolve().parents[2] / "reports" / "ci-profile").faser
     assert ci is not None and not ci.has_r_axis and ci.early_exit is None and ci.early_exit_times(0.0) is None

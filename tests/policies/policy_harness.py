@@ -1,8 +1,12 @@
 """A tiny discrete-event serving simulator for schedule-policy tests.
 
-Every job has a known output length and a fixed number of accepted drafts per round, so its
-per-round acceptance is stable from the start. One SD round costs draft_len·t_draft + t_verify
-regardless of batch; preempting a job charges a KV switch cost proportional to its context.
+Every job has a known output length and either a fixed number of accepted drafts per round (its
+per-round acceptance is stable from the start) or a per-draft acceptance probability: each round
+accepts the leading drafts of a chain of independent draws, so the per-round rate jumps between
+0, 1/n, …, 1 while the running total settles on the job's rate. One SD round costs
+draft_len·t_draft + t_verify regardless of batch; preempting a job charges a KV switch cost
+proportional to its context. `perceptible` (when the policy has `is_perceptible`) records the jobs a
+LAPS-SD policy called perceptible before they finished.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class Job:
     output_len: int
     accepted_per_round: int
     prompt_len: int = 64
+    accept_prob: float | None = None  # per-draft acceptance; None = accepted_per_round every round
+    seed: int = 0
     generated: int = 0
     attained_s: float = 0.0
     finished_s: float | None = None
@@ -41,6 +47,16 @@ def mixed_jobs(n: int, seed: int, *, long_frac: float = 0.2, short_len: int = 24
                 int(rng.integers(1, 4))) for i in range(n)]
 
 
+def varying_jobs(n: int, seed: int, *, lengths: tuple[int, ...] = (16, 48, 160, 400),
+                 accept: tuple[float, float] = (0.2, 0.95), rate: float = 0.4) -> list[Job]:
+    """Poisson arrivals; each job a length from `lengths` and its own per-draft acceptance probability,
+    uniform in `accept`: requests of different acceptance whose per-round acceptance varies."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    return [Job(i, float(arrivals[i]), int(rng.choice(lengths)), 0, accept_prob=float(rng.uniform(*accept)),
+                seed=seed * 100_003 + i) for i in range(n)]
+
+
 def simulate(policy: SchedulePolicy, jobs: list[Job], *, slots: int = 1, draft_len: int = 4,
              t_draft: float = 0.004, t_verify: float = 0.03, kv_switch_s_per_token: float = 2e-5) -> dict:
     """Run every job to completion; returns per-job latency and the number of preemptions."""
@@ -49,6 +65,9 @@ def simulate(policy: SchedulePolicy, jobs: list[Job], *, slots: int = 1, draft_l
     running: list[Job] = []
     now, preemptions = 0.0, 0
     by_id = {j.req_id: j for j in jobs}
+    draws = {j.req_id: np.random.default_rng(j.seed) for j in jobs}  # per job: same draws under any policy
+    perceptible: set[int] = set()
+    check_pc = getattr(policy, "is_perceptible", None)
     while pending or waiting or running:
         while pending and pending[0].arrival_s <= now:
             waiting.append(pending.pop(0))
@@ -65,7 +84,10 @@ def simulate(policy: SchedulePolicy, jobs: list[Job], *, slots: int = 1, draft_l
         now += switch + round_s
         accepted, finished = [], []
         for job in batch:
-            m = job.accepted_per_round
+            if job.accept_prob is None:
+                m = job.accepted_per_round
+            else:  # leading successes of a chain of draft_len independent draws
+                m = int(np.cumprod(draws[job.req_id].random(draft_len) < job.accept_prob).sum())
             job.generated = min(job.output_len, job.generated + m + 1)
             job.attained_s += round_s
             accepted.append(m)
@@ -80,6 +102,8 @@ def simulate(policy: SchedulePolicy, jobs: list[Job], *, slots: int = 1, draft_l
             target_probs=[[] for _ in batch], klds=[[] for _ in batch],
             draft_time_s=draft_len * t_draft, verify_time_s=t_verify))
         running = [j for j, done in zip(batch, finished) if not done]
+        if check_pc is not None:
+            perceptible.update(j.req_id for j in batch if check_pc(j.req_id))
     latencies = {j.req_id: j.finished_s - j.arrival_s for j in jobs}
     return {"latency": latencies, "mean_latency": float(np.mean(list(latencies.values()))),
-            "preemptions": preemptions}
+            "preemptions": preemptions, "perceptible": perceptible}

@@ -110,6 +110,24 @@ def test_drafter_drafts_shorter_as_batch_grows():
     assert lengths[0] >= 4 and lengths[0] - lengths[-1] >= 3, lengths
 
 
+def test_each_verified_position_pays_for_the_context_so_long_contexts_draft_and_verify_less():
+    """Eq. 4 prices every verified position at α_v·N_c(i): with drafting free of context (α_d = 0) the
+    only thing context changes is what each extra verified token costs, so the drafter drafts fewer
+    and the verifier keeps fewer as the context grows. (Counting the context once per verify pass
+    makes it a fixed cost that extra tokens amortise: lengths would stay put or grow.)"""
+    model = LinearLatencyModel(draft=LinearCoeffs(0.0, 1e-5, 0.002), target=LinearCoeffs(1e-6, 1e-4, 0.03))
+    drafted, verified = [], []
+    for context in (100, 1000, 4000, 8000):
+        ctx = make_ctx(4, model=model, context_len=context)
+        _, drafts = _run_drafter(build_length("adaspec"), ctx, [[0.8] * 4] * 8)
+        drafted.append(max(drafts.lengths()))
+        chosen = build_verify("adaspec").select(ctx, make_drafts([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]] * 4))
+        verified.append(max(chosen))
+    assert all(a > b for a, b in zip(drafted, drafted[1:])), drafted
+    assert all(a > b for a, b in zip(verified, verified[1:])), verified
+    assert drafted[0] >= 6 and verified[0] >= 5 and drafted[-1] <= 2 and verified[-1] <= 2, (drafted, verified)
+
+
 def test_threshold_stops_on_low_batch_mean():
     policy = ThresholdLength()
     ctx = make_ctx(2)

@@ -10,6 +10,7 @@ from autospec.early_exit import (
     expected_rejections,
     rank_flag,
     rank_threshold,
+    ratio_times,
     should_prune,
     start_layer,
     time_saved,
@@ -130,6 +131,48 @@ def test_faser_prune_rule_eq5_10():
     assert should_prune(32, 12, 0.040, 0.002, t_prune=0.010)
     assert not should_prune(32, 12, 0.040, 0.002, t_prune=0.030)
     assert time_saved(32, 31, 0.040, 0.002) == 0.0  # nothing left to save at the last layer
+    assert time_saved(32, 12, 0.0, 0.002) == 0.0  # k̂_rej = 0: nothing expected to be rejected
+
+
+def test_eq10_prices_the_saving_at_k_rej_not_the_whole_verify_pass():
+    """FASER Eq. 6–10 evaluate T_save at k̂_rej: T_t is the target's time for the tokens expected to be
+    rejected. 4 requests verify 4 drafts each (20 fed positions), L = 32, ℓ = 12, default cost ratios
+    (check 5%, pruning 1% of a pass)."""
+    params = EarlyExitParams()
+    # confident batch (â = 0.95): k̂_rej = 16·0.05 = 0.8 → T_t = 0.8/20 = 0.04 of a pass,
+    # ΔL = 32·0.05/0.04 = 40 layers of checking > the 20 left → T_save = 0: do not prune.
+    k_rej = expected_rejections([4] * 4, [0.95] * 4)
+    t_t, t_ee, t_pr = ratio_times(params, 20, k_rej)
+    assert (t_t, t_ee, t_pr) == pytest.approx((0.04, 0.05, 0.01))
+    assert not should_prune(32, 12, t_t, t_ee, t_pr)
+    # pricing the whole verify pass (T_t = 1) says the opposite: T_save = 18.4/32 = 0.575 > 0.01
+    assert should_prune(32, 12, 1.0, t_ee, t_pr)
+    # a doubtful batch (â = 0.3): k̂_rej = 11.2 → T_t = 0.56, ΔL = 2.857, T_save = 17.14/32·0.56 = 0.3
+    t_t, t_ee, t_pr = ratio_times(params, 20, expected_rejections([4] * 4, [0.3] * 4))
+    assert time_saved(32, 12, t_t, t_ee) == pytest.approx((32 - 12 - 32 * 0.05 / 0.56) / 32 * 0.56)
+    assert should_prune(32, 12, t_t, t_ee, t_pr)
+
+
+def test_fitted_eq10_times_evaluate_the_target_at_k_rej():
+    """With fitted FASER models T_t is T_p(b, r, k̂_rej) (b·s = k̂_rej, like T_pr), not the full pass:
+    here the full pass would make pruning pay and the k̂_rej tokens' time does not."""
+    from autospec.latency import FaserModels, PiecewiseLatency
+
+    one = ((1.0, 0.0), (1.0, 0.0))
+    models = FaserModels(PiecewiseLatency("draft", (0.0, 1e-3, 1e-3), *one),
+                         PiecewiseLatency("target", (1e-3, 1e-3, 1e-2), *one),  # α_p·b·s + λ_p·s + c_p
+                         PiecewiseLatency("early_exit", (0.0, 4e-3), *one),  # T_ee = 4 ms
+                         PiecewiseLatency("prune", (0.0, 6e-3), *one))  # T_pr = 6 ms
+    t_t, t_ee, t_pr = models.early_exit_times(0.0)(4, 5, 2.0)
+    # k̂_rej = 2 over b = 4: s = 0.5 → 1e-3·2 + 1e-3·0.5 + 1e-2
+    assert (t_t, t_ee, t_pr) == pytest.approx((0.0125, 0.004, 0.006))
+    full = float(models.target(4, 5, 0.0))  # the whole pass: 1e-3·20 + 5e-3 + 1e-2 = 0.035
+    assert full == pytest.approx(0.035)
+    # ℓ = 16 of 32: the whole pass saves (16 − 3.66)/32·0.035 = 13.5 ms > 6 ms; the k̂_rej tokens
+    # save (16 − 10.24)/32·0.0125 = 2.25 ms < 6 ms
+    assert should_prune(32, 16, full, t_ee, t_pr)
+    assert not should_prune(32, 16, t_t, t_ee, t_pr)
+    assert models.early_exit_times(0.0)(4, 5, 0.0)[0] == 0.0
 
 
 def test_registries_build_protocol_objects():

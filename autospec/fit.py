@@ -48,6 +48,7 @@ from autospec.calibration import (
     ACCEPTANCE_COLUMNS,
     LATENCY_COLUMNS,
     CalibrationFit,
+    CalibrationScore,
     FitModels,
     PrefillLine,
     read_fit_models,
@@ -64,8 +65,17 @@ from autospec.latency import (
     linear_features,
     mape,
 )
-from autospec.policies.calibrators import Calibrator, IdentityCalibrator, StsCalibrator
-from autospec.policies.sts import StsCalibration
+from autospec.policies.calibrators import (
+    ECE_BINS,
+    FITTERS,
+    Calibrator,
+    IdentityCalibrator,
+    StsCalibrator,
+    bin_index,
+    reliability,
+    survival_labels,
+)
+from autospec.policies.sts import StsCalibration, ece
 from autospec.profile import read_parquet
 
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
@@ -370,9 +380,6 @@ def _score(pred: np.ndarray, labels: np.ndarray, valid: np.ndarray, base: np.nda
     """CalibrationScore fields of out-of-fold predictions `pred` (N, K) against `labels`, with the
     base-rate predictions `base` as the Brier reference; CIs from `weights` (B, G): each row one bootstrap
     resample's multiplicity of every prompt group."""
-    from autospec.policies.calibrators import bin_index, reliability
-    from autospec.policies.sts import ece
-
     rows, cols = np.nonzero(valid)
     p, y, b, g = pred[rows, cols], labels[rows, cols], base[rows, cols], groups[rows]
     n_groups = weights.shape[1]
@@ -410,9 +417,6 @@ def fit_calibration(confidences: np.ndarray, accepted: np.ndarray, prompt_ids: S
     [chosen] Cross-validation rather than one 80/20 split: a quick profile holds ~100 prompts, and one
     split would score the calibrators on ~20 of them, where prompt-to-prompt differences in acceptance
     swamp a 2% ECE."""
-    from autospec.calibration import CalibrationScore
-    from autospec.policies.calibrators import ECE_BINS, FITTERS, survival_labels
-
     conf = np.atleast_2d(np.asarray(confidences, float))
     acc = np.asarray(accepted, float)
     if conf.shape[0] != acc.shape[0] or conf.shape[0] != len(prompt_ids):

@@ -19,6 +19,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from autospec.latency import linear_features  # the features the fit used (Eq. 3–4)
+
 CDF_POINTS = 400  # a CDF is drawn through this many quantiles, whatever the request count
 TIMELINE_POINTS = 1500  # steps per strategy on the over-time plots before they are averaged into bins
 PALETTE = qualitative.Plotly + qualitative.D3
@@ -238,8 +240,6 @@ def latency_fit(latency: pd.DataFrame | None, fit) -> go.Figure | None:
     for name, coeffs, color in (("draft", model.draft, "#ff7f0e"), ("target", model.target, "#1f77b4")):
         dec = latency[(latency["model"] == name) & (phase == "decode")]
         if not dec.empty:
-            from autospec.latency import linear_features  # the features the fit used (Eq. 3–4)
-
             b, s, c = (dec[k].to_numpy(float) for k in ("batch", "tokens", "context"))
             pred = np.array([coeffs.forward(nc, nb) for nc, nb in zip(*linear_features(b, s, c))])
             meas = dec["median_s"].to_numpy(float)
@@ -293,9 +293,9 @@ def calibration(acceptance: pd.DataFrame | None, fit) -> go.Figure | None:
     traces."""
     if fit is None:
         return None
-    # lazily: it loads every policy (~0.1 s), which a report of a run without fit/ never needs
     if getattr(fit.models, "calibration", None) is not None:
         return _held_out_calibration(fit.models.calibration)
+    # lazily: it loads every policy (~0.1 s), which a report of a run without fit/ never needs
     from autospec.policies.sts import survival
 
     sts = fit.models.sts

@@ -42,6 +42,11 @@ replay with `offers(engine, Capability)` and calls no member of one the engine d
   `evaluate` refuses the oracle strategy up front.
 * `SwapCost` — `swap_cost_s(context_tokens)`: the KV switch cost of preempting a request, charged
   to the clock. Without it: a preemption costs only the recompute prefill at re-admission.
+* `StepSmSplit` — `set_step_sm_split(r)`: run the next step's passes under SM split r, chosen per
+  step by a length policy (GP-LCB's `sm_pool`); returns the split applied. Without it: the split
+  stays the execution config's, and the loop refuses a strategy that asks to choose one
+  (`serving.step.StepCapabilities.of`). The simulator offers it; the torch engine only on CUDA (a
+  CPU has no SMs to split: a CPU engine has no such method).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from autospec.latency import FaserModels
 __all__ = [
     "GenRequest", "PrefillResult", "Engine",
     "BatchedDraftRounds", "FrontierStep", "ExecutionConfig", "DraftSampling", "SpeculativeSwitch",
-    "FusedPrefill", "TrueMatchLength", "SwapCost", "CAPABILITIES",
+    "FusedPrefill", "TrueMatchLength", "SwapCost", "StepSmSplit", "CAPABILITIES",
     "offers", "capabilities_of", "draft_round_by_round",
 ]
 
@@ -171,8 +176,16 @@ class SwapCost(Protocol):
         ...
 
 
+@runtime_checkable
+class StepSmSplit(Protocol):
+    def set_step_sm_split(self, r: float | None) -> float | None:
+        """Run the next step's draft and target passes with the draft on r of the SMs (None or 0: no
+        split) until told otherwise; returns the split the engine applied (None: none)."""
+        ...
+
+
 CAPABILITIES: tuple[type, ...] = (BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling,
-                                  SpeculativeSwitch, FusedPrefill, TrueMatchLength, SwapCost)
+                                  SpeculativeSwitch, FusedPrefill, TrueMatchLength, SwapCost, StepSmSplit)
 
 
 @cache

@@ -10,10 +10,23 @@ trace position g mod N: outputs longer than the trace wrap around it.
 Acceptance. At position g the trace holds the draft's greedy chain (K_max tokens with confidence,
 entropy, KL(target‖draft) and the target's probability of each), and the match length m. At T=0,
 drafting k tokens and verifying n ≤ k accepts exactly min(n, m) — the same count the torch engine
-would produce on the trace's prompt. At T>0 chain position j is accepted with the recorded probability
-min(1, p_t(x)/p_d(x)) until the first rejection (uniforms from a seeded generator); tokens then are
-the chain's for accepted drafts and the trace's target token for the correction/bonus, so T>0 token
-ids are a stand-in (the simulator models counts and time, not T>0 text).
+would produce on the trace's prompt. At T>0 chain position j is accepted with a recorded probability
+until the first rejection, which one depends on the strategy's proposal rule (`set_draft_sampling`,
+the `DraftSampling` capability): sampled proposals ("sample", the default) use min(1, p_t(x)/p_d(x))
+of the chain's token x (`accept_probs`), greedy proposals ("greedy": adaspec, dspark, dspark-async)
+use p_t(x) (`target_probs`) — the proposal is then the draft's argmax, a point mass (q(x) = 1), and
+the torch engine accepts it with min(1, p_t(x)/1) (`TorchSDEngine._accept`). Since p_d(x) ≤ 1,
+p_t(x) ≤ min(1, p_t(x)/p_d(x)): greedy proposals never accept more. Both are the traces' T=1
+probabilities whatever the temperature (the profile records T=1 only). Tokens then are the chain's
+for accepted drafts and the trace's target token for the correction/bonus, so T>0 token ids are a
+stand-in (the simulator models counts and time, not T>0 text).
+
+Random draws (T>0). One stream of uniforms from `numpy.random.default_rng(seed)`, drawn in blocks of
+2^15 and consumed one per tested draft: per `verify` (or `frontier_step`) call in the plan's request
+order, per request in chain order from position 0, stopping after the first rejection (a request
+that verifies n drafts and accepts a consumes min(n, a + 1) uniforms). Both proposal rules consume
+the same uniforms at the same tested positions (accept iff u < the position's probability), so for
+one seed a greedy-proposal replay is coupled to a sampled one step by step while their paths agree.
 
 Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
 with `fused_prefill` (a simulator calibrated from a vLLM profile) only their per-token costs while
@@ -22,7 +35,12 @@ fixed costs the step already pays (docs/architecture.md, "sim"; the serving loop
 decoding in the next step, as vLLM does) — and no draft prefill for an engine serving without SD;
 each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
 the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
-context, N_b = Σ verified + 1).
+context, N_b = Σ verified + 1). Under an SM split r > 0 (`configure_execution`, or per step
+`set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
+pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1,
+1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
+on the rest (the piecewise models carry no context term); without an r axis the split is recorded
+but prices nothing.
 `idle_until` jumps the clock. `swap_cost_s(context_tokens)` — the KV switch cost the serving loop
 charges on preemption — is the target's fitted prefill cost per token times the context: a preempted
 request's KV has to be rebuilt (or moved) token by token, and the marginal prefill cost per token is
@@ -171,9 +189,9 @@ class _SimRequest:
 class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
 
-    Capabilities: BatchedDraftRounds, FrontierStep, ExecutionConfig, SpeculativeSwitch, FusedPrefill,
-    TrueMatchLength, SwapCost (autospec.engines.base; not DraftSampling: replayed traces fix the
-    proposals).
+    Capabilities: BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling, SpeculativeSwitch,
+    FusedPrefill, TrueMatchLength, SwapCost, StepSmSplit (autospec.engines.base; DraftSampling picks
+    which recorded probability accepts a draft at T>0, module docstring).
 
     It takes fitted data — the traces and the clock's costs — and reads no run directory:
     `autospec.fit.FittedSimEngine.from_dirs` builds one from profile/ and fit/ (fitting in memory when
@@ -211,6 +229,8 @@ class SimEngine:
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
         self._speculative = True
+        self.draft_sampling = "sample"  # set_draft_sampling; the rows `_accept_sampled` reads follow it
+        self._accept_rows = traces.accept_probs
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -232,6 +252,15 @@ class SimEngine:
             self._target_coef, self._target_lam = self._sd_target
         else:
             self._target_coef, self._target_lam = (p.alpha, p.gamma, p.delta), p.lam
+
+    def set_draft_sampling(self, mode: str) -> None:
+        """The strategy's proposal rule at T>0 (module docstring, "Acceptance"): "sample" accepts chain
+        token x with min(1, p_t(x)/p_d(x)), "greedy" (the draft's argmax proposed as a point mass) with
+        p_t(x). No effect at T=0, where both accept the match length."""
+        if mode not in ("sample", "greedy"):
+            raise InputError(f"draft_sampling must be 'sample' or 'greedy', got {mode!r}", field="draft_sampling")
+        self.draft_sampling = mode
+        self._accept_rows = self.traces.target_probs if mode == "greedy" else self.traces.accept_probs
 
     def swap_cost_s(self, context_tokens: int) -> float:
         """KV switch cost of preempting a request with this context (module docstring)."""
@@ -334,10 +363,13 @@ class SimEngine:
             out.append(chain[r.p][j])
             context += r.context + j
             r.drafted = j + 1
-        a, g, d = self._draft_coef
-        dt = a * context + g * len(req_ids) + d
-        if self._draft_lam:
-            dt += self._draft_lam * math.log2(len(req_ids))
+        if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
+            dt = self.faser.draft_time(len(req_ids), 1, self._split_r)  # type: ignore[union-attr]
+        else:
+            a, g, d = self._draft_coef
+            dt = a * context + g * len(req_ids) + d
+            if self._draft_lam:
+                dt += self._draft_lam * math.log2(len(req_ids))
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -372,12 +404,15 @@ class SimEngine:
             if k > rounds:
                 rounds = k
         dt = a * weighted + g * drafted + d * rounds
-        if self._draft_lam and rounds:  # round j drafts n_j = the requests with more than j drafts
-            n_j, log_sum = 0, 0.0
+        if (self._draft_lam or self._split_r) and rounds:  # round j drafts n_j = the requests with more than j drafts
+            n_j, log_sum, split_s = 0, 0.0, 0.0
             for j in range(rounds, 0, -1):
                 n_j += ending[j]
-                log_sum += math.log2(n_j)
-            dt += self._draft_lam * log_sum
+                if self._split_r:
+                    split_s += self.faser.draft_time(n_j, 1, self._split_r)  # type: ignore[union-attr]
+                else:
+                    log_sum += math.log2(n_j)
+            dt = split_s if self._split_r else dt + self._draft_lam * log_sum
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -442,7 +477,12 @@ class SimEngine:
             committed_l.append(new)
             finished_l.append(finished)
             pos_l.append(p)
-        dt = self._target_pass_s(context, tokens) if req_ids else 0.0
+        if not req_ids:
+            dt = 0.0
+        elif self._split_r:  # under an SM split: FASER's target model (module docstring, "Clock")
+            dt = self.faser.verify_time(len(req_ids), tokens / len(req_ids) - 1, self._split_r)  # type: ignore[union-attr]
+        else:
+            dt = self._target_pass_s(context, tokens)
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
@@ -462,10 +502,11 @@ class SimEngine:
         return a, [tt[r.base + (r.off + i) % r.n] for i in range(a + 1)]
 
     def _accept_sampled(self, r: _SimRequest, n: int) -> tuple[int, list[int]]:
-        """T>0: chain position j is accepted with its recorded probability until the first rejection;
-        the committed tokens are the chain's accepted drafts and the trace's target token after them."""
+        """T>0: chain position j is accepted with its recorded probability (the proposal rule's row,
+        `set_draft_sampling`) until the first rejection, one uniform per tested draft; the committed
+        tokens are the chain's accepted drafts and the trace's target token after them."""
         tr, p = self.traces, r.p
-        probs = tr.accept_probs[p]
+        probs = self._accept_rows[p]
         a = 0
         while a < n and self._uniform() < probs[a]:
             a += 1
@@ -486,17 +527,33 @@ class SimEngine:
     frontier_chunk: "int | str | None" = None  # configure_execution sets it; the serving step reads it
     sm_split: float = 0.0
     faser: FaserModels | None = None
+    _split_r: float = 0.0  # sm_split when `faser` prices it (an r axis), else 0: the plain passes' switch
 
     def configure_execution(self, execution, faser: FaserModels | None = None) -> None:
         """The execution knobs the simulator models (an `ExecutionSpec`, duck-typed: engines do not import
         strategies): the frontier chunk (an int, "auto" — resolved per step by the serving step — or
-        None) and the SM split r, which prices frontier steps by FASER's overlapped timing when `faser`
-        (the fit's piecewise models) has an r axis (`frontier_step`). Token-wise early exit is not
+        None) and the SM split r, which prices frontier steps by FASER's overlapped timing and plain
+        steps by FASER's per-split pass models when `faser` (the fit's piecewise models) has an r axis
+        (`frontier_step`, module docstring "Clock"). Token-wise early exit is not
         modelled: the traces hold no per-layer ranks."""
         chunk = execution.chunk_size
         self.frontier_chunk = chunk if isinstance(chunk, str) else (int(chunk) or None)
-        self.sm_split = float(execution.sm_split or 0.0)
         self.faser = faser
+        self._apply_split(execution.sm_split)
+
+    def set_step_sm_split(self, r: float | None) -> float | None:
+        """The SM split r of the next steps' passes (`StepSmSplit`; GP-LCB's per-step choice): frontier
+        steps (`frontier_step`) and plain ones (module docstring, "Clock") are priced at r when the FASER
+        models know r. Returns r (None for no split): the simulator applies any r in [0, 1)."""
+        return self._apply_split(r)
+
+    def _apply_split(self, r: float | None) -> float | None:
+        r = float(r or 0.0)
+        if not 0.0 <= r < 1.0:
+            raise InputError(f"SM split fraction must be in [0, 1), got {r}", field="sm_split")
+        self.sm_split = r
+        self._split_r = r if r > 0 and self.faser is not None and self.faser.has_r_axis else 0.0
+        return r or None
 
     def frontier_step(self, lengths: Mapping[int, int], chunk: int) -> StepOutcome:
         """One step with FASER's frontier overlap, as `TorchSDEngine.frontier_step` runs it.

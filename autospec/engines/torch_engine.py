@@ -86,7 +86,9 @@ class TorchSDEngine:
 
     Capabilities: FrontierStep, ExecutionConfig, DraftSampling (autospec.engines.base; a real engine's
     drafting is one forward pass per round, so it has no batched draft rounds, and it knows no true
-    match length or swap cost).
+    match length or swap cost; on a CUDA device it also offers StepSmSplit, which a CPU engine does not:
+    there are no SMs to split, so a CPU engine has no `set_step_sm_split` and a strategy that chooses a
+    split per step is refused before its replay starts).
     """
 
     def __init__(
@@ -145,6 +147,8 @@ class TorchSDEngine:
         self.early_exit_stats = {"verified": 0, "pruned": 0}  # draft tokens over the engine's life
         if sm_split:
             self.set_sm_split(float(sm_split))
+        if self.device.type == "cuda":  # StepSmSplit: only a GPU has SMs to split (class docstring)
+            self.set_step_sm_split = self._set_step_sm_split
         self._draft_generator = self.generator  # a separate one while draft and verify overlap on CUDA
         self.frontier_chunk: int | str | None = None  # configure_execution sets it (an int or "auto"); sd_step reads it
 
@@ -236,6 +240,13 @@ class TorchSDEngine:
             pool = self._split_pool = SMSplit(self.device, [r] + (list(pool.counts) if pool else []))
         pool.select(r)
         self.sm_split = pool
+
+    def _set_step_sm_split(self, r: float | None) -> float | None:
+        """`StepSmSplit.set_step_sm_split`, bound on the instance on CUDA only (class docstring): the next
+        steps' passes run in the green contexts of split r (None or 0: the whole GPU); a split not in
+        the pool yet is created on first use. Returns r (None: no split)."""
+        self.set_sm_split(float(r) if r else None)
+        return float(r) if r else None
 
     def request(self, req_id: int) -> _Request:
         try:

@@ -38,7 +38,7 @@ from autospec.contract import VIEW_SIGNALS, DraftState, LatencyModel, RequestVie
 from autospec.errors import InputError
 
 __all__ = [
-    "LengthPolicy", "FixedLengthPolicy", "VerifyPolicy", "SchedulePolicy", "Pick",
+    "LengthPolicy", "FixedLengthPolicy", "SmSplitChoice", "VerifyPolicy", "SchedulePolicy", "Pick",
     "PolicyParams", "Policy", "LengthPolicyBase", "TargetLengthPolicy", "VerifyPolicyBase", "SchedulePolicyBase",
     "require_latency_model", "batch_context_tokens",
     "LENGTH_POLICIES", "VERIFY_POLICIES", "SCHEDULE_POLICIES", "REGISTRIES",
@@ -73,6 +73,24 @@ class FixedLengthPolicy(Protocol):
     Every `LengthPolicyBase` has it (None by default; `TargetLengthPolicy` answers its targets)."""
 
     def fixed_lengths(self, ctx: StepContext) -> list[int] | None: ...
+
+
+@runtime_checkable
+class SmSplitChoice(Protocol):
+    """An optional capability of a length policy that picks the step's SM split r (FASER's GP-LCB over
+    an `sm_pool`). Right after `begin_step` the step reads `step_sm_split()` — the r chosen for this
+    step, or None for no choice (the engine keeps the execution config's split) — has the engine apply
+    it (`engines.base.StepSmSplit`) and reports the split the engine applied with
+    `sm_split_applied(r)` before drafting, so that `observe` attributes the step's cost to the split
+    it really ran under. `chooses_sm_split` says up front whether it will choose (a non-empty pool):
+    the serving step refuses an engine that cannot apply a split per step before the replay starts."""
+
+    @property
+    def chooses_sm_split(self) -> bool: ...
+
+    def step_sm_split(self) -> float | None: ...
+
+    def sm_split_applied(self, r: float | None) -> None: ...
 
 
 @runtime_checkable

@@ -4,7 +4,20 @@ The cost per committed token J(s; b, r) = T̂(s; b, r) / (s·â(s; b, r) + ε) (
 as a black box: one Gaussian process over s per context (batch-size bucket, SM split r), fitted to a
 sliding window of observed costs J̃ = T_obs / (s_n·a_obs + ε) (Eq. 4). Each step picks
 s_n = argmin_s μ(s) − sqrt(β_n)·σ(s) over S = {1..K_max} (Eq. 3), then refines per request over
-{s_n − 1, s_n, s_n + 1} with the fitted time model and the request's own acceptance (Eq. 2).
+{s_n − 1, s_n, s_n + 1} with the observed step time T̂(s; b, r) of its context and the request's own
+acceptance (Eq. 2).
+
+SM split. With an `sm_pool` the policy chooses (r, s) each step and offers `policies.base.SmSplitChoice`:
+the serving step has the engine apply r before drafting (`engines.base.StepSmSplit`; an engine that
+cannot is refused before the replay) and reports the split applied, under which the step's cost is
+recorded — so each r's GP learns from steps that ran at r. Without a pool the context's r is the
+execution config's split (`StepContext.sm_split`) and nothing is chosen.
+
+T̂(s; b, r) [chosen: FASER's Eq. 2 uses the step time at (s; b, r), which the paper measures]: a
+least-squares line T̂(s) = c_0 + c_1·s (c_1 ≥ 0) through the (s_n, T_obs) pairs of the context's
+window (the last W steps of this batch bucket and split), once the window holds at least two distinct
+s; before that the fitted AdaSpec time model (`StepContext.latency_model`, which knows no r), and
+without one no refinement.
 
 Note on ε: with ε = 1e-6 (the spec's default) a step whose batch accepted nothing yields a huge J̃
 that dominates the standardized window; ε = 1 makes J exactly the time per committed token
@@ -72,8 +85,9 @@ class GpLcbLength(TargetLengthPolicy):
         self._windows: dict[ContextKey, deque[tuple[int, float]]] = {}
         self._counts: dict[ContextKey, int] = {}
         self._accept: dict[int, float] = {}  # req_id -> EWMA of per-position acceptance
+        self._times: dict[ContextKey, deque[tuple[int, float]]] = {}  # (s_n, T_obs) per context: T̂(s; b, r)
         self._last: tuple[ContextKey, int] | None = None  # (context, s_n) of the step in flight
-        self.selected_sm_split: float | None = None
+        self._step_split: float | None = None  # the r chosen for the step in flight (a pool), else None
         self._gp_kernel: Any = None
 
     # --- the GP -----------------------------------------------------------------------------------
@@ -85,6 +99,41 @@ class GpLcbLength(TargetLengthPolicy):
         """Add one (s, J̃) observation to a context's window (Eq. 4)."""
         self._windows.setdefault(key, deque(maxlen=self.params.window)).append((int(s), float(cost)))
         self._counts[key] = self._counts.get(key, 0) + 1
+
+    def record_time(self, key: ContextKey, s: int, t_obs: float) -> None:
+        """Add one observed step time at s_n to a context's window of times (T̂ of Eq. 2)."""
+        self._times.setdefault(key, deque(maxlen=self.params.window)).append((int(s), float(t_obs)))
+
+    def observed_step_time(self, key: ContextKey, s_values: Any) -> np.ndarray | None:
+        """T̂(s; b, r) at s_values from the context's observed step times (module docstring): the
+        least-squares line through its (s_n, T_obs) pairs, slope clamped at ≥ 0 [chosen: a step cannot
+        get faster by drafting more]; None while the window holds fewer than two distinct s."""
+        obs = self._times.get(key)
+        if not obs or len({s for s, _ in obs}) < 2:
+            return None
+        xs = np.array([s for s, _ in obs], float)
+        ys = np.array([t for _, t in obs], float)
+        slope, intercept = np.polyfit(xs, ys, 1)
+        if slope < 0:
+            slope, intercept = 0.0, float(ys.mean())
+        return intercept + slope * np.asarray(s_values, float)
+
+    # --- the SM split (policies.base.SmSplitChoice) -------------------------------------------------
+
+    @property
+    def chooses_sm_split(self) -> bool:
+        return bool(self.params.sm_pool)
+
+    def step_sm_split(self) -> float | None:
+        """The r chosen by the last `begin_step` (None without a pool)."""
+        return self._step_split
+
+    def sm_split_applied(self, r: float | None) -> None:
+        """The split the engine ran this step under: the step's cost is recorded in that context
+        [chosen: None, an engine's "no split", is the pool's r = 0.0]."""
+        if self._last is not None:
+            key, s_n = self._last
+            self._last = ((key[0], float(r or 0.0)), s_n)
 
     def posterior(self, key: ContextKey, s_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """GP posterior mean and std of J at s_values, in J units (J standardized per context)."""
@@ -159,6 +208,7 @@ class GpLcbLength(TargetLengthPolicy):
             return [0] * b
         bucket = batch_bucket(b)
         pool: list[float | None] = list(self.params.sm_pool) or [ctx.sm_split]
+        self._step_split = None
         # One GP per r; take the (r, s) with the lowest posterior mean.
         best: tuple[float, ContextKey, int] | None = None
         for r in pool:
@@ -169,14 +219,19 @@ class GpLcbLength(TargetLengthPolicy):
         assert best is not None
         _, key, s_n = best
         self._last = (key, s_n)
-        self.selected_sm_split = key[1]
-        if not self.params.refine or ctx.latency_model is None:
+        if self.params.sm_pool:
+            self._step_split = key[1]
+        if not self.params.refine:
             return [s_n] * ctx.batch_size
         # T̂(s) depends on the batch, not on the request: compute it once per candidate s, then take
         # Eq. 2's argmin for all requests at once.
-        n_c = batch_context_tokens(ctx)
         candidates = [s for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= ctx.k_max]
-        t_hat = np.array([sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c) for s in candidates])
+        t_hat = self.observed_step_time(key, candidates)
+        if t_hat is None:  # fewer than two distinct s observed in this context: the fitted line
+            if ctx.latency_model is None:
+                return [s_n] * ctx.batch_size
+            n_c = batch_context_tokens(ctx)
+            t_hat = np.array([sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c) for s in candidates])
         p = np.array([self._accept.get(r.req_id, np.nan) for r in ctx.requests])
         known = ~np.isnan(p)
         gains = np.stack([per_request_gain(np.where(known, p, 0.0), s) for s in candidates], axis=1)
@@ -204,4 +259,5 @@ class GpLcbLength(TargetLengthPolicy):
         # drafted s_n ± 1 after refinement)
         a_obs = sum(outcome.accepted) / (outcome.batch_size * s_n)
         self.record(key, s_n, t_obs / (s_n * a_obs + self.params.eps))
+        self.record_time(key, s_n, t_obs)
         self._last = None

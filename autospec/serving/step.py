@@ -9,8 +9,15 @@ Ids: policies always see a request's stable `RequestState.req_id`; the engine is
 then gave it a new id). The outcome policies observe — and the one returned — carries the stable ids.
 
 What the step may ask beyond the required `Engine` members and `LengthPolicy` methods — an engine's
-batched draft rounds and frontier step, a length policy's fixed lengths — is resolved once per replay
-into `StepCapabilities` (`engines.base.offers`, `policies.base.FixedLengthPolicy`).
+batched draft rounds, frontier step and per-step SM split, a length policy's fixed lengths and SM split
+choice — is resolved once per replay into `StepCapabilities` (`engines.base.offers`,
+`policies.base.FixedLengthPolicy`, `policies.base.SmSplitChoice`).
+
+SM split per step (GP-LCB's `sm_pool`, FASER §4.1): right after `begin_step` the split the length
+policy chose is applied by the engine (`engines.base.StepSmSplit.set_step_sm_split`) before anything
+is drafted, the applied split is reported back to the policy (`sm_split_applied`), and a frontier
+step's "auto" chunk is computed at that split. An engine that cannot switch splits per step is
+refused before the replay (`StepCapabilities.of`), not silently run at the configured split.
 
 This runs once per step for every request in the batch, so it avoids per-token list searches and
 per-step copies of request histories (see `RequestState.live_view`).
@@ -24,10 +31,10 @@ from functools import partial
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from autospec.contract import DraftState, DraftToken, LatencyModel, StepContext, StepOutcome
-from autospec.engines.base import BatchedDraftRounds, Engine, FrontierStep, draft_round_by_round, offers
+from autospec.engines.base import BatchedDraftRounds, Engine, FrontierStep, StepSmSplit, draft_round_by_round, offers
 from autospec.errors import InputError
 from autospec.latency import FaserModels
-from autospec.policies.base import FixedLengthPolicy, LengthPolicy
+from autospec.policies.base import FixedLengthPolicy, LengthPolicy, SmSplitChoice
 from autospec.serving.frontier import frontier_chunk
 from autospec.serving.state import RequestState, record_step
 from autospec.strategy import Strategy
@@ -58,11 +65,26 @@ class StepCapabilities:
     draft_rounds: DraftRounds  # the engine's BatchedDraftRounds, else one `draft` call per round
     frontier: FrontierStep | None  # the engine, when it offers FASER's frontier step
     fixed_lengths: Callable[[StepContext], "list[int] | None"] | None  # the length policy's, if it has one
+    # the length policy when it chooses each step's SM split (SmSplitChoice with a pool), and the
+    # engine's StepSmSplit that applies it; both None otherwise
+    split_choice: SmSplitChoice | None = None
+    set_split: Callable[[float | None], "float | None"] | None = None
 
     @classmethod
     def of(cls, engine: Engine, strategy: Strategy) -> "StepCapabilities":
+        """Resolve the capabilities; an InputError (before any step) when the length policy chooses an SM
+        split per step and the engine cannot apply one (e.g. the torch engine on a CPU)."""
         length = strategy.length
+        choice = (cast(SmSplitChoice, length) if offers(length, SmSplitChoice)
+                  and cast(SmSplitChoice, length).chooses_sm_split else None)
+        if choice is not None and not offers(engine, StepSmSplit):
+            raise InputError(f"{strategy.spec.length.policy} chooses an SM split per step and "
+                             f"this engine ({type(engine).__name__}) cannot switch splits (the simulator and "
+                             "the torch engine on CUDA can; a CPU has no SMs to split) — use sm_pool = []",
+                             field="length.sm_pool")
         return cls(
+            split_choice=choice,
+            set_split=cast(StepSmSplit, engine).set_step_sm_split if choice is not None else None,
             draft_rounds=(cast(BatchedDraftRounds, engine).draft_rounds if offers(engine, BatchedDraftRounds)
                           else partial(draft_round_by_round, engine)),
             frontier=cast(FrontierStep, engine) if offers(engine, FrontierStep) else None,
@@ -78,11 +100,14 @@ def check_execution(strategy: Strategy, settings: StepSettings) -> None:
                          field="execution.chunk_size")
 
 
-def auto_chunk(strategy: Strategy, settings: StepSettings, lengths: list[int]) -> int | None:
-    """This step's chunk for chunk_size = "auto": s = the longest draft, b = the batch, r = the
-    strategy's SM split (serving/frontier.py: None without a split to overlap in)."""
+def auto_chunk(strategy: Strategy, settings: StepSettings, lengths: list[int],
+               sm_split: float | None = None) -> int | None:
+    """This step's chunk for chunk_size = "auto": s = the longest draft, b = the batch, r = `sm_split`
+    (the split the step runs under), by default the strategy's (serving/frontier.py: None without a
+    split to overlap in)."""
     check_execution(strategy, settings)
-    return frontier_chunk(settings.faser, max(lengths, default=0), len(lengths), float(strategy.execution.sm_split))
+    r = float(strategy.execution.sm_split if sm_split is None else sm_split)
+    return frontier_chunk(settings.faser, max(lengths, default=0), len(lengths), r)
 
 
 # Either a table keyed by the stable req_id, or a function of the engine id (SimEngine.true_match_len).
@@ -107,12 +132,21 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
     eids = [s.req_id if s.engine_id is None else s.engine_id for s in states]  # RequestState.eid
     req_ids = [s.req_id for s in states]
     strategy.length.begin_step(ctx)
+    # the SM split this step runs under when the length policy chose one (module docstring; 0.0 = none),
+    # None when it did not choose (the execution config's split stands)
+    split: float | None = None
+    if caps.split_choice is not None and caps.set_split is not None:
+        chosen = caps.split_choice.step_sm_split()
+        if chosen is not None:
+            applied = caps.set_split(chosen)
+            caps.split_choice.sm_split_applied(applied)
+            split = applied or 0.0
     fixed = caps.fixed_lengths(ctx) if caps.fixed_lengths is not None else None
     # FASER frontier overlap (docs/policies.md §4): with lengths fixed up front and every draft verified, the
     # engine drafts and verifies in chunks itself (FrontierStep.frontier_step, execution.chunk_size).
     frontier = None
     if caps.frontier is not None and fixed is not None and strategy.spec.verify.policy == "all":
-        frontier = _frontier_plan(caps.frontier.frontier_chunk, strategy, settings, fixed)
+        frontier = _frontier_plan(caps.frontier.frontier_chunk, strategy, settings, fixed, split)
     if frontier is not None and caps.frontier is not None:
         lengths, chunk = frontier
         outcome = caps.frontier.frontier_step(dict(zip(eids, lengths)), chunk)
@@ -143,7 +177,7 @@ def _show_true_match_len(views: list, states: list[RequestState], true_match_len
 
 
 def _frontier_plan(chunk: int | str | None, strategy: Strategy, settings: StepSettings,
-                   fixed: list[int]) -> tuple[list[int], int] | None:
+                   fixed: list[int], split: float | None = None) -> tuple[list[int], int] | None:
     """(lengths, chunk) of a frontier step, or None for a plain one: no chunk, or chunk_size = "auto"
     and FASER's condition on the fitted models finds no chunk that pays."""
     if not chunk:
@@ -151,7 +185,7 @@ def _frontier_plan(chunk: int | str | None, strategy: Strategy, settings: StepSe
     k_max = settings.k_max
     lengths = [max(0, min(int(k), k_max)) for k in fixed]
     if chunk == "auto":
-        chunk = auto_chunk(strategy, settings, lengths)
+        chunk = auto_chunk(strategy, settings, lengths, split)
         if chunk is None:
             return None
     return lengths, int(chunk)

@@ -12,15 +12,25 @@ import re
 import numpy as np
 import pytest
 
-from autospec.engines.base import CAPABILITIES, BatchedDraftRounds, Engine, FrontierStep, capabilities_of, offers
+from autospec.engines.base import (
+    CAPABILITIES,
+    BatchedDraftRounds,
+    DraftSampling,
+    Engine,
+    FrontierStep,
+    StepSmSplit,
+    capabilities_of,
+    offers,
+)
 from autospec.engines.sim import SimEngine
 from autospec.engines.torch_engine import TorchSDEngine
+from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, fit_profile, write_fit
 from autospec.policies.base import FixedLengthPolicy, LengthPolicy
 from autospec.serving.loop import serve
 from autospec.serving.records import ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
-from autospec.strategy import build_strategy, load_preset
+from autospec.strategy import apply_overrides, build_strategy, load_preset
 
 from stage_helpers import K_MAX, write_synthetic_run
 
@@ -133,6 +143,21 @@ def test_a_method_set_to_none_is_not_offered(run_dir):
     sim.draft_rounds = None
     sim.frontier_step = None
     assert not offers(sim, BatchedDraftRounds) and not offers(sim, FrontierStep)
+
+
+def test_the_simulator_offers_draft_sampling_and_a_per_step_split_a_cpu_torch_engine_no_split(tiny_pair, run_dir):
+    """The simulator replays a strategy's proposal rule (DraftSampling) and applies GP-LCB's per-step
+    SM split (StepSmSplit); a torch engine on a CPU has no SMs to split, so it does not offer
+    StepSmSplit and a strategy that chooses a split per step is refused before anything runs."""
+    sim = FittedSimEngine.from_dirs(run_dir)
+    assert offers(sim, DraftSampling) and offers(sim, StepSmSplit)
+    torch_cpu = TorchSDEngine(*tiny_pair, k_max=K_MAX)
+    assert offers(torch_cpu, DraftSampling) and not offers(torch_cpu, StepSmSplit)
+    chooser = build_strategy(apply_overrides(load_preset("gp-lcb"), {"length.sm_pool": [0.25, 0.5]}))
+    with pytest.raises(InputError) as err:
+        serve(torch_cpu, chooser, REQUESTS[:2], max_batch=2, settings=StepSettings(k_max=K_MAX))
+    assert err.value.field == "length.sm_pool" and "\n" not in str(err.value)
+    assert torch_cpu.totals["prefill_s"] == 0.0  # refused before the first admission
 
 
 def _replay(engine, strategy, requests, latency_model):

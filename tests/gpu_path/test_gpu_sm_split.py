@@ -85,3 +85,32 @@ def test_profile_cli_sm_split_without_cuda(tmp_path):
     assert NO_CUDA in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "profile").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="green contexts need a CUDA GPU")
+def test_gp_lcb_switches_the_engines_split_every_step_on_cuda(tiny_pair):
+    """On CUDA the torch engine offers StepSmSplit: each step runs in the green contexts of the split
+    GP-LCB chose for it (docs/policies.md §3, "SM split per step")."""
+    from autospec.engines.base import StepSmSplit, offers
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest
+    from autospec.serving.step import StepSettings
+    from autospec.strategy import build_strategy, spec_from_dict
+
+    engine = TorchSDEngine(*tiny_pair, device="cuda")
+    assert offers(engine, StepSmSplit)
+    strategy = build_strategy(spec_from_dict({"strategy": {"name": "gp"},
+                                              "length": {"policy": "gp-lcb", "sm_pool": [0.25, 0.5]}}))
+    ran: list[tuple[float | None, float]] = []
+    real = engine.set_step_sm_split
+
+    def spy(r):
+        out = real(r)
+        ran.append((strategy.length.step_sm_split(), engine.sm_split.current))
+        return out
+
+    engine.set_step_sm_split = spy
+    serve(engine, strategy, [ServeRequest(i, 0.0, [1, 4, 2, i % 6], 16) for i in range(4)], max_batch=4,
+          settings=StepSettings(k_max=8))
+    assert ran and all(chosen == current for chosen, current in ran)
+    assert {chosen for chosen, _ in ran} == {0.25, 0.5}

@@ -80,11 +80,52 @@ def test_per_request_refinement(simple_model):
 
 def test_sm_pool_picks_the_split_with_lowest_posterior_mean():
     gp = GpLcbLength(sm_pool=[0.3, 0.5])
+    assert gp.chooses_sm_split and not GpLcbLength().chooses_sm_split
     for s in range(1, 9):
         gp.record((1, 0.3), s, 2.0)
         gp.record((1, 0.5), s, 1.0)
     gp.begin_step(make_ctx(1))
-    assert gp.selected_sm_split == 0.5
+    assert gp.step_sm_split() == 0.5  # what the serving step has the engine apply
+    assert GpLcbLength().step_sm_split() is None  # no pool: nothing chosen, the configured split stands
+
+
+def test_the_cost_is_recorded_under_the_split_the_engine_applied():
+    gp = GpLcbLength(sm_pool=[0.3, 0.5], refine=False)
+    for s in range(1, 9):
+        gp.record((1, 0.3), s, 2.0)
+        gp.record((1, 0.5), s, 1.0)
+    ctx = make_ctx(1)
+    gp.begin_step(ctx)
+    s_n = gp.step_targets[0]
+    gp.sm_split_applied(0.3)  # an engine that ran the step at another split than the one chosen
+    gp.observe(ctx, make_outcome([s_n], [s_n], verify_time=0.5))
+    assert len(gp.observations((1, 0.3))) == 9 and len(gp.observations((1, 0.5))) == 8
+    assert gp.observations((1, 0.3))[-1] == (s_n, pytest.approx(0.5 / s_n))
+
+
+def test_refinement_uses_the_observed_step_time_of_its_context():
+    """Eq. 2's T̂(s; b, r) is the context's observed step time: with two distinct s observed the
+    refinement runs without any latency model, and it reads only its own split's times."""
+    gp = GpLcbLength(sm_pool=[0.5])
+    ctx = make_ctx(2)  # no latency model
+    gp.observe(ctx, make_outcome([4, 4], [4, 0]))  # request 0 accepts everything, request 1 nothing
+    for _ in range(4):
+        for s in range(1, 9):
+            gp.record((2, 0.5), s, 1.0 + 0.5 * (s - 4) ** 2)
+    gp.begin_step(ctx)
+    assert gp.step_targets == {0: 4, 1: 4}  # no observed times, no model: everyone drafts s_n
+    assert gp.observed_step_time((2, 0.5), [3, 4, 5]) is None
+    gp.record_time((2, 0.5), 2, 0.30)
+    gp.record_time((2, 0.5), 6, 0.50)  # T̂(s) = 0.2 + 0.05·s
+    gp.record_time((2, 0.25), 2, 9.0)  # another split's times are not this context's
+    assert gp.observed_step_time((2, 0.5), [3, 4, 5]) == pytest.approx([0.35, 0.40, 0.45])
+    gp.begin_step(ctx)
+    # p = 1: cost T̂(s)/s falls with s → s_n + 1; p = 0: T̂ grows with s → s_n − 1
+    assert gp.step_targets == {0: 5, 1: 3}
+    # a time that falls with s is noise: the slope is clamped at 0 (T̂ = the window's mean)
+    gp.record_time((4, 0.5), 1, 0.5)
+    gp.record_time((4, 0.5), 3, 0.3)
+    assert gp.observed_step_time((4, 0.5), [1, 2]) == pytest.approx([0.4, 0.4])
 
 
 def _true_cost(s: int) -> float:

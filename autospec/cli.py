@@ -618,7 +618,7 @@ def tune(
     slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help=_SLO_TPOT_HELP),
     min_attainment: float = typer.Option(0.9, "--min-attainment", help="SLO attainment a feasible trial needs"),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
-                                             "every preset but oracle and the fixed static-kN)"),
+                                             "every preset but the oracles and the fixed static-kN)"),
     confirm_top: int = typer.Option(0, "--confirm-top", help="re-run the best N on the real torch engine"),
     max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
     k_max: Optional[int] = typer.Option(None, "--k-max", help="default: the profile's K_max"),

@@ -8,10 +8,10 @@ import policies and policies never import engines (see docs/architecture.md, "Wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-__all__ = ["DraftToken", "DraftState", "RoundRecord", "VIEW_SIGNALS", "RequestView", "LatencyModel", "StepContext",
-           "StepOutcome"]
+__all__ = ["DraftToken", "DraftState", "RoundRecord", "VIEW_SIGNALS", "CONTEXT_SIGNALS", "StepClockFn", "RequestView",
+           "LatencyModel", "StepContext", "StepOutcome"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ class RoundRecord:
 # the ones it reads in `Policy.reads`; the loop maintains only those some policy of the strategy reads
 # (the others stay empty / None), which is most of a long simulated replay's time otherwise.
 VIEW_SIGNALS = frozenset({"rounds", "kld_history", "confidence_history", "true_match_len"})
+# A StepContext signal filled only for a strategy with a policy that reads it (`Policy.reads`): the
+# engine's own step clock (engines.base.StepClock), which only the cost-aware oracle uses.
+CONTEXT_SIGNALS = frozenset({"step_clock"})
+
+# seconds of one plain step for requests with these contexts drafting these lengths (StepClock)
+StepClockFn = Callable[[Sequence[int], Sequence[int]], float]
 
 
 @dataclass
@@ -165,6 +171,7 @@ class StepContext:
     sm_split: float | None = None
     latency_model: LatencyModel | None = None
     slo_tpot_s: float | None = None
+    step_clock: StepClockFn | None = None  # CONTEXT_SIGNALS: the engine's StepClock, when a policy reads it
 
     @property
     def batch_size(self) -> int:

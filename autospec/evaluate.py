@@ -48,9 +48,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autospec.artifacts import build_manifest, write_json, write_parquet
 from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
-from autospec.engines.base import TrueMatchLength, offers
+from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, load_fit
+from autospec.policies.base import policy_class
 from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
@@ -276,9 +277,12 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
 
 
 def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
-    if any(s.length.policy == "oracle" for s in strategies) and not offers(probe, TrueMatchLength):
-        raise InputError("the oracle strategy needs an engine that knows the true match length (--engine sim)",
-                         field="strategies")
+    for s in strategies:
+        reads = policy_class("length", s.length.policy).reads
+        if "true_match_len" in reads and not offers(probe, TrueMatchLength) or (
+                "step_clock" in reads and not offers(probe, StepClock)):
+            raise InputError(f"the oracle strategy {s.name} needs an engine that knows the true match length and "
+                             "its own step clock (--engine sim)", field="strategies")
 
 
 def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

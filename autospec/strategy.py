@@ -209,8 +209,9 @@ class Strategy:
 
     @property
     def view_signals(self) -> frozenset[str]:
-        """The RequestView signals some policy of the strategy reads (`Policy.reads`; all of them for a
-        policy object that does not say)."""
+        """The RequestView and StepContext signals some policy of the strategy reads (`Policy.reads`:
+        contract.VIEW_SIGNALS and CONTEXT_SIGNALS; all the view signals for a policy object that does
+        not say)."""
         return frozenset().union(*(getattr(p, "reads", VIEW_SIGNALS)
                                    for p in (self.length, self.verify, self.schedule)))
 
@@ -283,6 +284,12 @@ def uncalibrated_warnings(specs: list[StrategySpec], fit: Mapping[str, Any] | No
     for line in lines:
         log.warning(line)
     return lines
+
+
+def reads_the_future(spec: StrategySpec) -> bool:
+    """Whether the strategy's length policy is an oracle (`oracle`, `oracle-m`): it reads the true match
+    length, which only the simulator knows — a bound to compare with, never a policy to deploy or tune."""
+    return "true_match_len" in policy_class("length", spec.length.policy).reads
 
 
 def build_strategy(spec: StrategySpec, fit: Mapping[str, Any] | None = None) -> Strategy:

@@ -10,7 +10,8 @@ invented. The frontier chunk s_c (`execution.chunk_size`: 0 = off, a fixed chunk
 condition each step) is searched where a preset declares it (gp-lcb): the simulator prices chunked steps
 serially without a split and by FASER's overlapped timing with one (`SimEngine.frontier_step`).
 
-Candidates [chosen]: every bundled preset except `oracle` (it reads the future: a bound, not a policy)
+Candidates [chosen]: every bundled preset except the oracles `oracle` and `oracle-m` (they read the
+future: bounds, not policies)
 and the fixed static-kN presets other than `static-k4`, whose `length.k` range already covers K = 1..8.
 
 Objectives:
@@ -70,12 +71,13 @@ from autospec.strategy import (
     apply_overrides,
     list_presets,
     load_preset,
+    reads_the_future,
     search_space,
     spec_to_toml,
 )
 from autospec.workloads.spec import load_workload
 
-EXCLUDED_BY_DEFAULT = {"oracle"} | {f"static-k{k}" for k in range(1, 9) if k != 4}
+EXCLUDED_BY_DEFAULT = {"oracle", "oracle-m"} | {f"static-k{k}" for k in range(1, 9) if k != 4}
 CHECKPOINTS = 10  # pruning reports per trial (every tenth of the workload's requests)
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 SM_SPLITS = (0.125, 0.25, 0.375, 0.5)  # r values searched when the profile has an SM-split axis
@@ -113,8 +115,8 @@ def candidate_specs(names: list[str] | None) -> dict[str, StrategySpec]:
     specs: dict[str, StrategySpec] = {}
     for name in chosen:
         spec = load_preset(name.strip())
-        if spec.length.policy == "oracle":
-            raise InputError("the oracle reads the future and cannot be deployed; leave it out of tune",
+        if reads_the_future(spec):
+            raise InputError(f"{spec.name} reads the future (an oracle) and cannot be deployed; leave it out of tune",
                              field="strategies")
         specs[spec.name] = spec
     if not specs:

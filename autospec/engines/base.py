@@ -37,9 +37,13 @@ replay with `offers(engine, Capability)` and calls no member of one the engine d
   then prices a plain engine's passes). Without it: nothing changes.
 * `FusedPrefill` — `fused_prefill`: True when, as in vLLM, admitted requests are prefilled inside
   the running requests' step and draft from the next one. Without it: False (prefill, then the step).
-* `TrueMatchLength` — `true_match_len(req_id)`: the draft's true match length at the request's
-  position (the oracle's signal). Without it: `RequestView.true_match_len` stays None, and
-  `evaluate` refuses the oracle strategy up front.
+* `TrueMatchLength` — `true_match_len(req_id)`: how many of the request's next chain drafts
+  verification would accept (the oracles' signal; at T>0 the simulator's realised acceptance). Without
+  it: `RequestView.true_match_len` stays None, and `evaluate` refuses the oracle strategies up front.
+* `StepClock` — `step_time_s(contexts, lengths)`: the seconds a plain step (draft rounds of these
+  lengths, then one verify of every draft) would take now for requests with these contexts — the
+  engine's own clock, which the cost-aware oracle maximises tokens per second against. Without it:
+  `StepContext.step_clock` stays None and the cost-aware oracle refuses to run.
 * `SwapCost` — `swap_cost_s(context_tokens)`: the KV switch cost of preempting a request, charged
   to the clock. Without it: a preemption costs only the recompute prefill at re-admission.
 * `StepSmSplit` — `set_step_sm_split(r)`: run the next step's passes under SM split r, chosen per
@@ -61,7 +65,7 @@ from autospec.latency import FaserModels
 __all__ = [
     "GenRequest", "PrefillResult", "Engine",
     "BatchedDraftRounds", "FrontierStep", "ExecutionConfig", "DraftSampling", "SpeculativeSwitch",
-    "FusedPrefill", "TrueMatchLength", "SwapCost", "StepSmSplit", "CAPABILITIES",
+    "FusedPrefill", "TrueMatchLength", "StepClock", "SwapCost", "StepSmSplit", "CAPABILITIES",
     "offers", "capabilities_of", "draft_round_by_round",
 ]
 
@@ -170,6 +174,14 @@ class TrueMatchLength(Protocol):
 
 
 @runtime_checkable
+class StepClock(Protocol):
+    def step_time_s(self, contexts: Sequence[int], lengths: Sequence[int]) -> float:
+        """Seconds one plain step would take now: draft rounds of `lengths[i]` tokens for requests with
+        `contexts[i]` tokens of KV, then one target pass verifying every draft."""
+        ...
+
+
+@runtime_checkable
 class SwapCost(Protocol):
     def swap_cost_s(self, context_tokens: int) -> float:
         """Seconds a preemption of a request with this context costs (its KV switched out)."""
@@ -185,7 +197,8 @@ class StepSmSplit(Protocol):
 
 
 CAPABILITIES: tuple[type, ...] = (BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling,
-                                  SpeculativeSwitch, FusedPrefill, TrueMatchLength, SwapCost, StepSmSplit)
+                                  SpeculativeSwitch, FusedPrefill, TrueMatchLength, StepClock, SwapCost,
+                                  StepSmSplit)
 
 
 @cache

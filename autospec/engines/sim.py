@@ -21,12 +21,17 @@ probabilities whatever the temperature (the profile records T=1 only). Tokens th
 for accepted drafts and the trace's target token for the correction/bonus, so T>0 token ids are a
 stand-in (the simulator models counts and time, not T>0 text).
 
-Random draws (T>0). One stream of uniforms from `numpy.random.default_rng(seed)`, drawn in blocks of
-2^15 and consumed one per tested draft: per `verify` (or `frontier_step`) call in the plan's request
-order, per request in chain order from position 0, stopping after the first rejection (a request
-that verifies n drafts and accepts a consumes min(n, a + 1) uniforms). Both proposal rules consume
-the same uniforms at the same tested positions (accept iff u < the position's probability), so for
-one seed a greedy-proposal replay is coupled to a sampled one step by step while their paths agree.
+Random draws (T>0): common random numbers per (request, position). The uniform that decides chain
+position j at output position g of a request is a fixed hash of (seed, the request's stable
+`trace_id`, g, j) — splitmix64, 53 bits — not the next value of a shared stream. Every strategy
+replayed with one seed therefore meets the same draws: a draft at a given (request, position, depth)
+is accepted under one strategy iff it is under any other with the same proposal rule, whatever was
+drafted, verified or scheduled before; a preempted request re-added at `resumed_tokens` meets the draws
+it would have met. Both proposal rules test the same uniforms (accept iff u < the position's
+probability), so a greedy-proposal replay and a sampled one are coupled too. Because the draws are
+fixed in advance, the realised acceptance is known at any position: `true_match_len` at T>0 is the
+realised run of accepted chain positions under the strategy's proposal rule — the oracles' signal
+(docs/policies.md §8).
 
 Clock. `add` charges the fitted prefill lines of target and draft for the batch's prompt tokens;
 with `fused_prefill` (a simulator calibrated from a vLLM profile) only their per-token costs while
@@ -77,11 +82,22 @@ def _mix(seed: int, key: int) -> int:
     return z ^ (z >> 31)
 
 
+# Draw index of chain position j at output position g: g·_DRAW_STRIDE + j (chains are far shorter).
+_DRAW_STRIDE = 64
+
+
+def _uniform(key: int, index: int) -> float:
+    """The fixed uniform in [0, 1) of draw `index` of a request's stream (53 bits of splitmix64)."""
+    return (_mix(key, index) >> 11) * (1.0 / (1 << 53))
+
+
 class AcceptanceTraces:
     """Acceptance traces flattened to shared per-position Python objects (see the module docstring)."""
 
     def __init__(self, frame: pd.DataFrame, k_max: int):
         frame = frame.sort_values(["prompt_id", "position"], kind="stable").reset_index(drop=True)
+        if not 1 <= k_max <= _DRAW_STRIDE:
+            raise InputError(f"K_max must be in 1..{_DRAW_STRIDE}, got {k_max}", field="k_max")
         self.k_max = k_max
 
         def mat(col: str, dtype) -> np.ndarray:
@@ -166,11 +182,13 @@ class _TraceSlices(abc.Sequence):
 class _SimRequest:
     """Per-request replay state, flat scalars only (the hot paths read a handful of slots)."""
 
-    __slots__ = ("base", "n", "off", "p", "context", "room", "drafted", "out", "finished")
+    __slots__ = ("base", "n", "off", "p", "g", "key", "context", "room", "drafted", "out", "finished")
 
-    def __init__(self, base: int, n: int, g: int, prompt_len: int, max_tokens: int):
+    def __init__(self, base: int, n: int, g: int, prompt_len: int, max_tokens: int, key: int = 0):
         self.base = base  # flat index of the trace's position 0
         self.n = n  # trace length (positions)
+        self.g = g  # output position of the next token to commit (0 = the prefill's token)
+        self.key = key  # the request's draw stream: _mix(seed, trace_id) (module docstring, "Random draws")
         self.off = g % n  # trace offset of the next token to commit
         self.p = base + self.off  # its flat index
         self.context = prompt_len  # tokens in the KV: prompt + committed since add
@@ -180,6 +198,7 @@ class _SimRequest:
         self.finished = False
 
     def advance(self, committed: int) -> None:
+        self.g += committed
         self.off = (self.off + committed) % self.n
         self.p = self.base + self.off
         self.context += committed
@@ -190,7 +209,7 @@ class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
 
     Capabilities: BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling, SpeculativeSwitch,
-    FusedPrefill, TrueMatchLength, SwapCost, StepSmSplit (autospec.engines.base; DraftSampling picks
+    FusedPrefill, TrueMatchLength, StepClock, SwapCost, StepSmSplit (autospec.engines.base; DraftSampling picks
     which recorded probability accepts a draft at T>0, module docstring).
 
     It takes fitted data — the traces and the clock's costs — and reads no run directory:
@@ -212,9 +231,6 @@ class SimEngine:
                              field="k_max")
         self.temperature = float(temperature)
         self.seed = seed
-        self._rng = np.random.default_rng(seed)
-        self._uniforms: list[float] = []
-        self._u_next = 0
         self._reqs: dict[int, _SimRequest] = {}
         self._next_id = 0
         self._clock = 0.0
@@ -293,7 +309,8 @@ class SimEngine:
             self._next_id += 1
             key = rid if r.trace_id is None else r.trace_id
             t = self._trace_for(r.domain, key)
-            req = _SimRequest(tr.starts[t], tr.lengths[t], int(r.resumed_tokens), n_prompt, r.max_tokens)
+            req = _SimRequest(tr.starts[t], tr.lengths[t], int(r.resumed_tokens), n_prompt, r.max_tokens,
+                              _mix(self.seed, key))
             tok = tr.target_token[req.p]
             req.out.append(tok)
             req.advance(1)
@@ -335,11 +352,25 @@ class SimEngine:
         return list(self._reqs)
 
     def true_match_len(self, req_id: int) -> int | None:
-        """m at the request's current position (the oracle's signal); None for an unknown id."""
+        """The oracles' signal: how many of the next chain tokens verification would accept — at T=0 the
+        trace's match length m, at T>0 the realised run under the strategy's proposal rule and the
+        request's fixed draws (module docstring, "Random draws"), capped at K_max. None for an unknown id."""
         r = self._reqs.get(req_id)
         if r is None:
             return None
-        return self.traces.match[r.p]
+        if self.temperature == 0:
+            return self.traces.match[r.p]
+        return self._realised_run(r, self.k_max)
+
+    def _realised_run(self, r: _SimRequest, n: int) -> int:
+        """Accepted chain positions of the first n at the request's position: the run of j with
+        u(request, g, j) < the proposal rule's probability at j."""
+        probs = self._accept_rows[r.p]
+        base = r.g * _DRAW_STRIDE
+        a = 0
+        while a < n and _uniform(r.key, base + a) < probs[a]:
+            a += 1
+        return a
 
     def drafts_of(self, req_id: int) -> list[DraftToken]:
         r = self._request(req_id)
@@ -380,7 +411,6 @@ class SimEngine:
         call per round (round j drafts every request with lengths > j; its time is
         α·Σ(context + j) + γ·n_j + δ), summed in closed form."""
         reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
-        a, g, d = self._draft_coef
         out: list[list[DraftToken]] = []
         weighted = 0.0  # Σ over drafted tokens of their context
         drafted = 0
@@ -403,28 +433,11 @@ class SimEngine:
             ending[k] += 1
             if k > rounds:
                 rounds = k
-        dt = a * weighted + g * drafted + d * rounds
-        if (self._draft_lam or self._split_r) and rounds:  # round j drafts n_j = the requests with more than j drafts
-            n_j, log_sum, split_s = 0, 0.0, 0.0
-            for j in range(rounds, 0, -1):
-                n_j += ending[j]
-                if self._split_r:
-                    split_s += self.faser.draft_time(n_j, 1, self._split_r)  # type: ignore[union-attr]
-                else:
-                    log_sum += math.log2(n_j)
-            dt = split_s if self._split_r else dt + self._draft_lam * log_sum
+        dt = self._rounds_s(weighted, drafted, rounds, ending)
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
         return out
-
-    def _uniform(self) -> float:
-        if self._u_next >= len(self._uniforms):
-            self._uniforms = self._rng.random(1 << 15).tolist()
-            self._u_next = 0
-        u = self._uniforms[self._u_next]
-        self._u_next += 1
-        return u
 
     def verify(self, plan: Mapping[int, int]) -> StepOutcome:
         """Accept per the trace (module docstring), commit accepted + 1 tokens, charge one target pass."""
@@ -468,6 +481,7 @@ class SimEngine:
                 off %= rn
             r.off = off
             r.p = r.base + off
+            r.g += c
             r.context = ctx + c
             r.room = room - c
             r.drafted = 0
@@ -503,16 +517,50 @@ class SimEngine:
 
     def _accept_sampled(self, r: _SimRequest, n: int) -> tuple[int, list[int]]:
         """T>0: chain position j is accepted with its recorded probability (the proposal rule's row,
-        `set_draft_sampling`) until the first rejection, one uniform per tested draft; the committed
+        `set_draft_sampling`) until the first rejection, each against its fixed draw; the committed
         tokens are the chain's accepted drafts and the trace's target token after them."""
         tr, p = self.traces, r.p
-        probs = self._accept_rows[p]
-        a = 0
-        while a < n and self._uniform() < probs[a]:
-            a += 1
+        a = self._realised_run(r, n)
         new = tr.chain_tokens[p][:a]
         new.append(tr.target_token[r.base + (r.off + a) % r.n])
         return a, new
+
+    def _rounds_s(self, weighted: float, drafted: int, rounds: int, ending: list[int]) -> float:
+        """Draft passes of `rounds` rounds (`draft_rounds`): α·weighted + γ·drafted + δ·rounds (+ λ·Σ_j
+        log2 n_j), or FASER's T_q(n_j, 1, r) per round under an SM split; `ending[k]` requests draft k."""
+        a, g, d = self._draft_coef
+        dt = a * weighted + g * drafted + d * rounds
+        if (self._draft_lam or self._split_r) and rounds:  # round j drafts n_j = the requests with more than j drafts
+            n_j, log_sum, split_s = 0, 0.0, 0.0
+            for j in range(rounds, 0, -1):
+                n_j += ending[j]
+                if self._split_r:
+                    split_s += self.faser.draft_time(n_j, 1, self._split_r)  # type: ignore[union-attr]
+                else:
+                    log_sum += math.log2(n_j)
+            dt = split_s if self._split_r else dt + self._draft_lam * log_sum
+        return dt
+
+    def step_time_s(self, contexts: Sequence[int], lengths: Sequence[int]) -> float:
+        """`StepClock`: the seconds a plain step would take now — draft rounds of `lengths` (as
+        `draft_rounds` charges them) and one verify of every draft (as `verify` charges it) — for
+        requests with `contexts` tokens of KV. Nothing is drafted and the clock does not move."""
+        ending = [0] * (self.k_max + 1)
+        weighted, drafted, rounds = 0.0, 0, 0
+        for c, k in zip(contexts, lengths):
+            if k > 0:
+                weighted += k * c + k * (k - 1) / 2
+                drafted += k
+                ending[k] += 1
+                rounds = max(rounds, k)
+        n = len(contexts)
+        if not n:
+            return 0.0
+        if self._split_r:
+            verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
+        else:
+            verify_s = self._target_pass_s(sum(contexts), drafted + n)
+        return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
 
     def _target_pass_s(self, context: int, tokens: int) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b), N_b = tokens fed."""
@@ -564,7 +612,7 @@ class SimEngine:
         a bonus token and the step goes on with the pre-drafted next chunk; at the first rejection the
         request commits the correction token, its pre-drafted chunk is thrown away and no later chunk is
         verified; after its last chunk is fully accepted it gets the bonus token. Acceptance is decided
-        exactly as `verify` decides it for the same drafts (same draws in the same order), so the
+        exactly as `verify` decides it for the same drafts (the same fixed draws), so the
         committed tokens are those of a plain step drafting and verifying lengths[i] — lossless.
         `drafted` counts every draft made (a thrown-away chunk too), `verified` the drafts that went
         to the target.

@@ -16,6 +16,7 @@ from autospec.policies import (  # noqa: F401
                                las,
                                lp_sjf,
                                oracle,
+                               oracle_m,
                                smartspec,
                                static,
                                threshold,

@@ -28,7 +28,8 @@ Each iteration:
    and the new requests draft from the next step on;
 6. `sd_step` drafts, verifies and lets every policy observe, for the whole batch; the engine's
    `true_match_len` (the simulator's oracle signal) is passed along when the engine offers
-   `TrueMatchLength` and some policy reads it.
+   `TrueMatchLength` and some policy reads it, and its step clock (`StepClock.step_time_s`, in
+   `StepContext.step_clock`) when the engine offers it and some policy reads "step_clock".
 
 Records are columnar lists appended once per step/request (no per-step copies), so a 20,000-request
 simulated replay spends its time in the policies and the engine, not here.
@@ -36,6 +37,7 @@ simulated replay spends its time in the policies and the engine, not here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -50,6 +52,7 @@ from autospec.engines.base import (
     FusedPrefill,
     GenRequest,
     SpeculativeSwitch,
+    StepClock,
     SwapCost,
     TrueMatchLength,
     offers,
@@ -150,6 +153,8 @@ class _Serving:
         self.signals = strategy.view_signals  # keep only the request signals some policy reads (Policy.reads)
         self.true_match_len = (cast(TrueMatchLength, engine).true_match_len if "true_match_len" in self.signals
                                and offers(engine, TrueMatchLength) else None)
+        if "step_clock" in self.signals and offers(engine, StepClock):
+            self.settings = dataclasses.replace(settings, step_clock=cast(StepClock, engine).step_time_s)
         self.swap_cost_s = cast(SwapCost, engine).swap_cost_s if offers(engine, SwapCost) else None
         self.step_caps = StepCapabilities.of(engine, strategy)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from autospec.contract import DraftState, DraftToken, LatencyModel, StepContext, StepOutcome
+from autospec.contract import DraftState, DraftToken, LatencyModel, StepClockFn, StepContext, StepOutcome
 from autospec.engines.base import BatchedDraftRounds, Engine, FrontierStep, StepSmSplit, draft_round_by_round, offers
 from autospec.errors import InputError
 from autospec.latency import FaserModels
@@ -52,6 +52,9 @@ class StepSettings:
     # FASER's fitted piecewise models (fit/models.json via `autospec.fit.load_fit(...).faser`): the
     # frontier chunk of chunk_size = "auto" and the fitted early-exit times come from them
     faser: FaserModels | None = None
+    # the engine's step clock (StepClock.step_time_s), set by the serving loop for a strategy with a
+    # policy that reads "step_clock" (the cost-aware oracle); passed on in StepContext
+    step_clock: StepClockFn | None = None
 
 
 DraftRounds = Callable[[Sequence[int], Sequence[int]], "list[list[DraftToken]]"]
@@ -128,7 +131,7 @@ def sd_step(engine: Engine, strategy: Strategy, states: list[RequestState], now_
         _show_true_match_len(views, states, true_match_len)
     ctx = StepContext(now_s=now_s, requests=views, k_max=settings.k_max, temperature=settings.temperature,
                       sm_split=settings.sm_split, latency_model=settings.latency_model,
-                      slo_tpot_s=settings.slo_tpot_s)
+                      slo_tpot_s=settings.slo_tpot_s, step_clock=settings.step_clock)
     eids = [s.req_id if s.engine_id is None else s.engine_id for s in states]  # RequestState.eid
     req_ids = [s.req_id for s in states]
     strategy.length.begin_step(ctx)

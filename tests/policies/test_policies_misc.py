@@ -100,11 +100,40 @@ def test_adaedl_stops_each_request_on_its_entropy():
     assert _drafted_lengths(policy, ctx, entropies) == [3, 6]
 
 
-def test_oracle_drafts_the_true_match_length():
+def test_oracle_m_drafts_the_true_match_length():
     ctx = make_ctx(3, k_max=5, match_lens=[0, 3, 9])
-    assert _drafted_lengths(build_length("oracle"), ctx) == [0, 3, 5]
+    assert _drafted_lengths(build_length("oracle-m"), ctx) == [0, 3, 5]
     with pytest.raises(InputError, match="sim engine"):
-        build_length("oracle").begin_step(make_ctx(1))
+        build_length("oracle-m").begin_step(make_ctx(1))
+
+
+def _clock(fixed_draft_s: float, per_token_s: float = 1e-4, verify_s: float = 10e-3):
+    """A step clock: one draft round costs `fixed_draft_s` + per_token_s per request in it; the verify pass
+    `verify_s` + per_token_s per token."""
+    def step_time_s(contexts, lengths):
+        rounds = max(lengths, default=0)
+        draft = sum(fixed_draft_s + per_token_s * sum(1 for k in lengths if k > j) for j in range(rounds))
+        return draft + verify_s + per_token_s * (sum(lengths) + len(lengths))
+    return step_time_s
+
+
+def test_the_cost_aware_oracle_drafts_the_match_length_when_drafting_pays():
+    ctx = make_ctx(3, k_max=5, match_lens=[0, 3, 9])
+    ctx.step_clock = _clock(fixed_draft_s=1e-4)  # a draft round costs 1% of a verify pass
+    assert _drafted_lengths(build_length("oracle"), ctx) == [0, 3, 5]
+
+
+def test_the_cost_aware_oracle_drafts_less_where_a_round_does_not_pay():
+    # One round costs 6 ms against a 10 ms verify: the first round (3 requests) gives 3 tokens, 6 tokens in
+    # 16.9 ms beat 3 in 10.3 ms; a 2nd round (2 requests) gives 2 more for 6.4 ms, 8 in 23.3 ms, a lower
+    # rate: the oracle stops at one round although two requests would accept more.
+    ctx = make_ctx(3, k_max=5, match_lens=[1, 2, 5])
+    ctx.step_clock = _clock(fixed_draft_s=6e-3)
+    assert _drafted_lengths(build_length("oracle"), ctx) == [1, 1, 1]
+    ctx.step_clock = _clock(fixed_draft_s=0.1)  # a round costs 10 verify passes: do not draft
+    assert _drafted_lengths(build_length("oracle"), ctx) == [0, 0, 0]
+    with pytest.raises(InputError, match="step clock"):
+        build_length("oracle").begin_step(make_ctx(3, k_max=5, match_lens=[1, 2, 5]))
 
 
 def test_faser_rank_threshold_is_linear_in_depth():
@@ -183,7 +212,7 @@ def test_registries_build_protocol_objects():
     for name in SCHEDULE_POLICIES:
         assert isinstance(build_schedule(name), SchedulePolicy)
     assert {"static", "none", "adaspec", "threshold", "gp-lcb", "dsde", "smartspec", "adaedl",
-            "oracle"} <= set(LENGTH_POLICIES)
+            "oracle", "oracle-m"} <= set(LENGTH_POLICIES)
     assert {"all", "adaspec", "dspark", "dspark-async"} <= set(VERIFY_POLICIES)
     assert {"fcfs", "laps-sd", "las", "lp-sjf"} <= set(SCHEDULE_POLICIES)
 

@@ -10,7 +10,8 @@ from autospec.errors import InputError
 from autospec.strategy import apply_overrides, build_strategy, list_presets, load_preset, presets_dir, search_space
 
 EXPECTED = {"no-sd", "k-schedule", *(f"static-k{k}" for k in range(1, 9)), "adaspec", "adaspec-minus", "threshold",
-            "gp-lcb", "dsde", "dspark", "dspark-async", "laps-sd", "las", "lp-sjf", "smartspec", "adaedl", "oracle"}
+            "gp-lcb", "dsde", "dspark", "dspark-async", "laps-sd", "las", "lp-sjf", "smartspec", "adaedl", "oracle",
+            "oracle-m"}
 
 GOOD = """
 [strategy]

@@ -135,11 +135,18 @@ def test_preemption_charges_the_swap_cost_and_resumes_the_trace():
 def test_oracle_gets_the_true_match_length_from_the_engine():
     engine = ClockedFakeEngine(k_max=K_MAX)
     requests = [ServeRequest(i, 0.0, SyntheticPrompt(8, 1, i), 25) for i in range(4)]
-    records = serve(engine, build_strategy(load_preset("oracle")), requests, max_batch=4,
+    records = serve(engine, build_strategy(load_preset("oracle-m")), requests, max_batch=4,
                     settings=StepSettings(k_max=K_MAX))
     m = compute_metrics(records.requests_frame(), records.steps_frame(), Slo(ttft_s=1, tpot_s=1))
     assert m["acceptance_rate"] == 1.0  # the oracle drafts exactly what will be accepted
     assert m["accepted_per_step"] > 1.0
+
+
+def test_the_cost_aware_oracle_refuses_an_engine_without_a_step_clock():
+    engine = ClockedFakeEngine(k_max=K_MAX)  # knows the match length, not its own clock
+    requests = [ServeRequest(i, 0.0, SyntheticPrompt(8, 1, i), 25) for i in range(2)]
+    with pytest.raises(InputError, match="step clock"):
+        serve(engine, build_strategy(load_preset("oracle")), requests, max_batch=2, settings=StepSettings(k_max=K_MAX))
 
 
 def test_kv_budget_holds_back_admissions_on_the_fake_engine():

@@ -185,12 +185,15 @@ def test_domain_binding_is_seeded_and_resumes_after_preemption(run_dir):
     assert m_before is not None
 
 
-def test_oracle_strategy_gets_every_draft_accepted(run_dir):
-    sim = SimEngine.from_dirs(run_dir, seed=1)
-    strategy = build_strategy(load_preset("oracle"))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_oracle_m_gets_every_draft_accepted(run_dir, temperature):
+    """At T=0 the trace's match length, at T=1 the realised run of the request's fixed draws: either way
+    the engine accepts every draft of a strategy that drafts `true_match_len`."""
+    sim = SimEngine.from_dirs(run_dir, seed=1, temperature=temperature)
+    strategy = build_strategy(load_preset("oracle-m"))
     res = sim.add([GenRequest(range(30), 120, domain=d) for d in ("code", "chat", "code")])
     states = [RequestState(rid, 30, 120, generated=1) for rid in res.req_ids]
-    settings = StepSettings(k_max=K_MAX, latency_model=sim.latency_model)
+    settings = StepSettings(k_max=K_MAX, temperature=temperature, latency_model=sim.latency_model)
     total_drafted = 0
     for _ in range(40):
         live = [s for s in states if not s.finished]

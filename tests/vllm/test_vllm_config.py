@@ -60,6 +60,7 @@ def test_bad_k_schedules_are_input_errors(schedule, problem):
     ("threshold", "length policy 'threshold' needs per-token draft confidences"),
     ("adaedl", "length policy 'adaedl' needs the entropy of the draft distribution"),
     ("oracle", "length policy 'oracle' needs the true match length"),
+    ("oracle-m", "length policy 'oracle-m' needs the true match length"),
     ("las", "not by 'las'"),
 ])
 def test_strategies_vllm_cannot_express_are_refused_in_one_line(preset, reason):

@@ -20,7 +20,7 @@ draft's or the target's distributions. Hence:
   length dsde                unsupported: per-position KL(p_target || p_draft)
   length adaspec, threshold  unsupported: per-token draft confidences
   length adaedl              unsupported: draft entropies
-  length oracle              unsupported: the true match length (simulator only)
+  length oracle, oracle-m    unsupported: the true match length (simulator only)
   verify all                 vLLM verifies every draft it schedules
   verify adaspec, dspark,    unsupported: per-token draft confidences (vLLM's own DSpark prefix
     dspark-async               scheduler, enable_adaptive_verification, is Model Runner V2 / GPU only)
@@ -65,6 +65,7 @@ LENGTH_MISSING_SIGNAL = {
     "threshold": "per-token draft confidences",
     "adaedl": "the entropy of the draft distribution at every drafted token",
     "oracle": "the true match length, which only the simulator knows",
+    "oracle-m": "the true match length, which only the simulator knows",
 }
 VERIFY_MISSING_SIGNAL = {
     "adaspec": "per-token draft confidences (AdaSpec's verifier trims by cumulative confidence)",

@@ -46,10 +46,11 @@ pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target
 1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
 on the rest (the piecewise models carry no context term); without an r axis the split is recorded
 but prices nothing.
-`idle_until` jumps the clock. `swap_cost_s(context_tokens)` — the KV switch cost the serving loop
-charges on preemption — is the target's fitted prefill cost per token times the context: a preempted
-request's KV has to be rebuilt (or moved) token by token, and the marginal prefill cost per token is
-the profile's measurement of that work.
+`idle_until` jumps the clock. Preemption is by recompute, as in the torch engine and vLLM: the
+serving loop removes a preempted request (its KV is freed, at no cost) and later re-adds it with its
+prompt + the tokens it had generated, and `add` charges that whole context's prefill — the one price
+of a preemption, which also yields its next token. The simulator does not offer `SwapCost`: a switch
+cost charged at preemption on top of that re-prefill would price the same KV rebuild twice.
 
 Speed. A 20,000-request replay makes millions of draft/verify entries, so per-position data is
 converted once to Python objects (DraftToken tuples, float lists) that are shared, never rebuilt:
@@ -209,7 +210,7 @@ class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
 
     Capabilities: BatchedDraftRounds, FrontierStep, ExecutionConfig, DraftSampling, SpeculativeSwitch,
-    FusedPrefill, TrueMatchLength, StepClock, SwapCost, StepSmSplit (autospec.engines.base; DraftSampling picks
+    FusedPrefill, TrueMatchLength, StepClock, StepSmSplit (autospec.engines.base; DraftSampling picks
     which recorded probability accepts a draft at T>0, module docstring).
 
     It takes fitted data — the traces and the clock's costs — and reads no run directory:
@@ -278,10 +279,6 @@ class SimEngine:
         self.draft_sampling = mode
         self._accept_rows = self.traces.target_probs if mode == "greedy" else self.traces.accept_probs
 
-    def swap_cost_s(self, context_tokens: int) -> float:
-        """KV switch cost of preempting a request with this context (module docstring)."""
-        return max(0.0, self.costs.prefill_target[0]) * max(0, context_tokens)
-
     # ------------------------------------------------------------------ requests
     def _request(self, req_id: int) -> _SimRequest:
         try:
@@ -316,6 +313,8 @@ class SimEngine:
             req.advance(1)
             req.finished = req.room <= 0
             self._reqs[rid] = req
+            # a resumed request's prompt ends with the tokens it generated before its preemption: its
+            # whole context is prefilled again (recompute, the one price of a preemption; module docstring)
             prompt_tokens += n_prompt
             ids.append(rid)
             first.append(tok)

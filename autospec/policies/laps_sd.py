@@ -2,16 +2,23 @@
 
 K priority queues over attained service: Q_j holds [S_j^down, S_j^up) with S_j^up = M^(j−1)·S_1^up,
 S_j^down = S_{j−1}^up, S_K^up = ∞. A request arrives non-perceptible (NP) in Q_1 and is demoted as its
-attained service E_i grows (multi-level feedback, like LAS). Stability is judged on the request's
-running acceptance rate, total accepted ÷ total verified drafts so far (§4.3: "based on the total
-number of processed tokens and the number of accepted ones"): once that running rate, taken after
-each of its last γ rounds, has moved by less than δ (max − min) the request becomes perceptible
-(PC): A_i = the running rate and its time estimate T̃_i = (n·L_i·T_SSM + L_i·T_LLM) / (n·A_i + 1)
-(Eq. 6) place it in the queue whose range holds T̃_i, where it stays and is never preempted. A
-single round's rate moves in steps of 1/n (n drafts), so testing the spread of per-round rates
-would almost never call a request stable; the running rate settles as rounds accumulate.
+attained service E_i grows (multi-level feedback, like LAS). E_i only grows, so in the paper a request
+never climbs back to a higher queue; here S_1^up is measured (rounds' worth of the running mean round
+time) and grows with the load, which would lift a demoted request — typically one waiting after a
+preemption — back above requests that are running, and preempt them within one queue. So an NP
+request's queue is the lowest it has reached (its level, kept across preemptions).
+Stability is judged on the request's running acceptance rate, total accepted ÷ total verified drafts
+so far (§4.3: "based on the total number of processed tokens and the number of accepted ones"): once
+that running rate, taken after each of its last γ rounds, has moved by less than δ (max − min) the
+request becomes perceptible (PC): A_i = the running rate and its time estimate
+T̃_i = (n·L_i·T_SSM + L_i·T_LLM) / (n·A_i + 1) (Eq. 6) place it in the queue whose range holds T̃_i,
+where it stays and is never preempted. A single round's rate moves in steps of 1/n (n drafts), so
+testing the spread of per-round rates would almost never call a request stable; the running rate
+settles as rounds accumulate.
 Dispatch: lowest-index non-empty queue first; inside a queue PC requests by ascending remaining T̃
-(SJF), then NP requests FCFS; slots are filled in this order [chosen: the paper shows batch 1].
+(SJF), then NP requests FCFS; slots are filled in this order [chosen: the paper shows batch 1]. Running
+PC requests keep their slots, and so does a request (re-)admitted fewer than `min_rounds` rounds ago
+[chosen; 1: the round its prefill was paid for] (policies/quantum.py).
 
 E_i is RequestView.attained_service_s (the serving loop's account). T_SSM (per-token draft time) and
 T_LLM (verify-pass time) are the running means of what the engine reported, unless configured.
@@ -29,6 +36,7 @@ from pydantic import Field
 from autospec.contract import RequestView, StepOutcome
 from autospec.policies.base import Pick, PolicyParams, SchedulePolicyBase, register_schedule
 from autospec.policies.output_length import OracleNoisePredictor, PredictedLengths
+from autospec.policies.quantum import StintRounds
 
 
 class LapsSdParams(PolicyParams):
@@ -45,6 +53,9 @@ class LapsSdParams(PolicyParams):
     t_llm_s: float = Field(0.0, ge=0.0)  # verify-pass time; 0 = measured
     predictor_sigma: float = Field(0.07, ge=0.0)  # oracle-with-noise output-length predictor [chosen]
     predictor_seed: int = 0
+    # rounds a (re-)admitted NP request runs before it may be preempted [chosen; 1 = preempt at any
+    # round boundary after the first, the paper's round-granular preemption]
+    min_rounds: int = Field(1, ge=1)
 
 
 @dataclass
@@ -56,6 +67,7 @@ class _RequestState:
     acceptance: float = 0.0  # A_i
     estimate_s: float = 0.0  # T̃_i
     queue: int = 0  # fixed once perceptible
+    level: int = 0  # NP: the lowest queue its attained service has reached (never climbs back)
 
 
 @dataclass
@@ -108,6 +120,8 @@ class LapsSdSchedule(SchedulePolicyBase):
         self._t_ssm = _Mean()
         self._t_llm = _Mean()
         self._views: dict[int, RequestView] = {}
+        self.stints = StintRounds(self.params.min_rounds)
+        self.promoted = 0  # requests made perceptible so far (a diagnostic: benchmarks/scheduling_thrash.py)
 
     # --- estimates ------------------------------------------------------------------------------
 
@@ -130,9 +144,14 @@ class LapsSdSchedule(SchedulePolicyBase):
     def is_perceptible(self, req_id: int) -> bool:
         return req_id in self._state and self._state[req_id].perceptible
 
-    def queue_of(self, request: RequestView) -> int:
+    def queue_of(self, request: RequestView, bounds: Sequence[float] | None = None) -> int:
+        """Its queue: a PC request's is fixed; an NP request's is the lowest its E_i has reached
+        (module docstring), so a threshold that grew since cannot lift it back."""
         st = self.state(request.req_id)
-        return st.queue if st.perceptible else queue_index(request.attained_service_s, self.bounds())
+        if st.perceptible:
+            return st.queue
+        st.level = max(st.level, queue_index(request.attained_service_s, self.bounds() if bounds is None else bounds))
+        return st.level
 
     def remaining_estimate(self, request: RequestView) -> float:
         """T̃_i scaled to the predicted tokens still to generate."""
@@ -147,17 +166,24 @@ class LapsSdSchedule(SchedulePolicyBase):
         everyone = [*running, *waiting]
         for r in everyone:
             self._views[r.req_id] = r
+        bounds = self.bounds()
 
         def key(r: RequestView) -> tuple[int, int, float, float, int]:
             if self.is_perceptible(r.req_id):
                 return (self.queue_of(r), 0, self.remaining_estimate(r), r.arrival_s, r.req_id)
-            return (self.queue_of(r), 1, r.arrival_s, 0.0, r.req_id)
+            return (self.queue_of(r, bounds), 1, r.arrival_s, 0.0, r.req_id)
 
-        order = [r.req_id for r in sorted(everyone, key=key)]
-        pinned = [r.req_id for r in sorted(running, key=key) if self.is_perceptible(r.req_id)]
-        return Pick.from_order(order, waiting, running, slots, pinned=pinned)
+        keys = {r.req_id: key(r) for r in everyone}
+        order = sorted(keys, key=keys.__getitem__)
+        # running PC requests are never preempted; nor is an NP one within its first min_rounds rounds
+        protected = self.stints.protected(running) | {r.req_id for r in running if self.is_perceptible(r.req_id)}
+        pinned = [rid for rid in order if rid in protected]
+        pick = Pick.from_order(order, waiting, running, slots, pinned=pinned)
+        self.stints.picked(pick, waiting)
+        return pick
 
     def observe(self, outcome: StepOutcome) -> None:
+        self.stints.observe(outcome)
         if outcome.batch_size == 0:
             return
         self._round.add(outcome.draft_time_s + outcome.verify_time_s + outcome.early_exit_time_s)
@@ -191,6 +217,7 @@ class LapsSdSchedule(SchedulePolicyBase):
             return  # never seen by pick(): no length to estimate from, stay non-perceptible
         length = self.lengths.total(view)
         st.perceptible = True
+        self.promoted += 1
         st.acceptance = st.accepted / st.verified  # the running rate that was found stable
         st.estimate_s = estimated_time(length, st.acceptance, self.params.draft_len, self.t_ssm(), self.t_llm())
         st.queue = queue_index(st.estimate_s, self.bounds())

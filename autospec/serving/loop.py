@@ -17,10 +17,14 @@ Each iteration:
    (prompt + generated) plus the tokens it may commit this step (≤ K_max + 1); a running request
    that does not fit is preempted, and admission stops at the first waiting request that does not
    fit (no bypassing the policy's order);
-4. preempted requests leave the engine (`engine.remove`) and go back to waiting; on re-admission
-   they are re-added with prompt + generated tokens and their remaining max_tokens (recompute). An
-   engine that models a KV switch cost (`SwapCost.swap_cost_s(context_tokens)`, the simulator) is charged it
-   by advancing its clock (docs/policies.md §7);
+4. preempted requests leave the engine (`engine.remove`) and go back to waiting with their state —
+   attained service, generated tokens, round history — intact; on re-admission they are re-added with
+   prompt + generated tokens and their remaining max_tokens (recompute): the engine's prefill of that
+   context is the price of the preemption, and each resumed request's token share of its admission's
+   prefill seconds is added to its record's `preempt_cost_s`. An engine that offers `SwapCost` is also
+   charged `swap_cost_s(context_tokens)` at preemption by advancing its clock — a cost on top of the
+   recompute, so an engine that offers it must not price the KV rebuild in both (the simulator models
+   recompute only and does not offer it; docs/policies.md §7);
 5. admitted requests are prefilled together (`engine.add`), whose first token is the request's first
    token (or the next token of a resumed one); they join this iteration's step — except on an engine
    with `FusedPrefill.fused_prefill` set (the simulator calibrated from a vLLM profile), where, as in vLLM, the
@@ -299,6 +303,13 @@ class _Serving:
                                   trace_id=s.req_id, resumed_tokens=len(done or ())))
         res = engine.add(gen)
         t_first = engine.now() - t0
+        if produced and any(g.resumed_tokens for g in gen):
+            # recompute is what a preemption costs: each resumed request's token share of this prefill
+            total = sum(len(g.prompt) for g in gen)
+            records = self.records
+            for s, g in zip(admit, gen):
+                if g.resumed_tokens:
+                    records[s.req_id].preempt_cost_s += res.time_s * len(g.prompt) / total
         waiting, waiting_views = self.waiting, self.waiting_views
         running, running_views = self.running, self.running_views
         for s, eid, fin in zip(admit, res.req_ids, res.finished):

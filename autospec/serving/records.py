@@ -73,7 +73,9 @@ class RequestRecord:
     first_token_s: float = math.nan
     finish_s: float = math.nan
     preemptions: int = 0
-    preempt_cost_s: float = 0.0  # KV switch cost charged for its preemptions (simulator)
+    # what its preemptions cost: its token share of each re-admission's prefill (recompute), plus an
+    # engine's SwapCost charge if it offers one (serving/loop.py, step 4)
+    preempt_cost_s: float = 0.0
     output: list[int] | None = None  # token ids, when serve(keep_outputs=True)
 
 

@@ -126,8 +126,11 @@ def test_preemption_charges_the_swap_cost_and_resumes_the_trace():
     records = serve(engine, strategy(3, "las"), requests, max_batch=2, settings=StepSettings(k_max=K_MAX))
     frame, steps = records.requests_frame(), records.steps_frame()
     assert frame["preemptions"].sum() > 0
-    assert frame["preempt_cost_s"].sum() == pytest.approx(steps["swap_s"].sum())
     assert steps["swap_s"].sum() > 0
+    # a request's preempt_cost_s: the swap charged at its preemptions plus its token share of each
+    # re-admission's prefill (at most the whole prefill of each)
+    swap, reprefill = steps["swap_s"].sum(), frame["preempt_cost_s"].sum() - steps["swap_s"].sum()
+    assert 0 < reprefill <= frame["preemptions"].sum() * engine.prefill_s + 1e-12 and swap > 0
     assert list(frame["output_len"]) == [30] * 6
     assert engine.max_active <= 2
 

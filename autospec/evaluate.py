@@ -234,6 +234,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
+    findings: dict[str, list[str]] = {}
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
@@ -242,6 +243,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                 req_frame, step_frame = records.requests_frame(), records.steps_frame()
                 metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
                 positions[strat.name].append(per_position_acceptance(step_frame))
+                if getattr(records, "findings", None):  # the first repeat's (repeats replay the same rules)
+                    findings.setdefault(strat.name, list(records.findings))
                 for frame in (req_frame, step_frame):
                     frame.insert(0, "repeat", repeat)
                     frame.insert(0, "strategy", strat.name)
@@ -268,6 +271,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                       if spec.engine in ("torch", "vllm") else {})},
         "slo": spec.slo.model_dump(),
         "calibration": calibration,
+        # what a policy's own rule did that the numbers alone would hide (Strategy.findings)
+        "findings": findings,
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)

@@ -215,6 +215,11 @@ class Strategy:
         return frozenset().union(*(getattr(p, "reads", VIEW_SIGNALS)
                                    for p in (self.length, self.verify, self.schedule)))
 
+    def findings(self) -> list[str]:
+        """What the policies' own rules did in the run that a reader of the results should know (a policy
+        may define `findings() -> list[str]`, e.g. AdaSpec's SLO refusals); read after a replay."""
+        return [line for p in (self.length, self.verify, self.schedule) for line in getattr(p, "findings", list)()]
+
 
 # --- defaults from a fit ---------------------------------------------------------------------------------
 

@@ -76,6 +76,11 @@ class AdaSpecDrafter(LengthPolicyBase):
         self._g = 0.0
         self._k = 0
         self._stopped = False
+        self.steps = 0  # steps it decided (batch > 0)
+        # steps where it drafted nothing because any drafted step was predicted to exceed the TPOT SLO
+        # (Alg. 3 returns −1): the paper's rule, reported as a finding (`findings`)
+        self.slo_refusals = 0
+        self._slo_tpot_s: float | None = None
 
     @property
     def mean_confidence(self) -> float:
@@ -91,6 +96,8 @@ class AdaSpecDrafter(LengthPolicyBase):
         self._k = 0
         self._stopped = ctx.batch_size == 0
         self._g = self._goodput(ctx, model, [[] for _ in ctx.requests])
+        self.steps += ctx.batch_size > 0
+        self._slo_tpot_s = ctx.slo_tpot_s
 
     def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
         n = len(drafts.req_ids)
@@ -115,8 +122,19 @@ class AdaSpecDrafter(LengthPolicyBase):
         c_bar = self.mean_confidence
         g_pred = self._goodput(ctx, model, [list(c) + [c_bar] for c in drafts.confidences])
         if g_pred < self._g:
+            if k == 0 and g_pred == -1.0:
+                self.slo_refusals += 1
             return self._stop(n)
         return [True] * n
+
+    def findings(self) -> list[str]:
+        """What this run showed about the paper's rule: how often the SLO rule alone kept it from drafting."""
+        if not self.slo_refusals or self._slo_tpot_s is None:  # refusals need an SLO
+            return []
+        return [f"AdaSpec drafted nothing in {self.slo_refusals / self.steps:.0%} of its steps ({self.slo_refusals} "
+                f"of {self.steps}): its goodput estimator returns −1 whenever a drafted step is predicted to "
+                f"exceed the TPOT SLO ({self._slo_tpot_s * 1000:.0f} ms) — the paper's rule (Alg. 3), so on those "
+                "steps it serves as no-SD. A finding, not a bug."]
 
     def _stop(self, n: int) -> list[bool]:
         self._stopped = True

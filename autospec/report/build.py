@@ -258,8 +258,10 @@ def build_sections(data: RunData) -> list[dict]:
         text = (f"Workload {w.get('name') or w.get('path') or '?'}: {_num(w.get('requests'))} requests; "
                 f"{_num(s.get('repeats'))} repeat(s), mean [95% bootstrap CI]; baseline {s.get('baseline', 'no-sd')}; "
                 f"SLO TTFT ≤ {_num(slo.get('ttft_s'))} s, TPOT ≤ {_num(slo.get('tpot_s'))} s.")
+        found = [{"kind": "text", "text": f"Finding — {name}: {line}"}
+                 for name, lines in (s.get("findings") or {}).items() for line in lines]
         add(f"Strategies — {ev.title}", [
-            {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)},
+            {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)}, *found,
             fig(F.speedup_bars(s, ev.title)), fig(F.latency_cdfs(ev.requests, ev.title)),
             fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
     pairs = sim_real_pairs(data.evals)
@@ -321,6 +323,8 @@ def render_summary(data: RunData) -> str:
                   f"Workload {_md(w.get('name') or w.get('path') or '?')}, {_num(s.get('repeats'))} repeat(s); "
                   f"mean [95% CI]; speed-up over {_md(s.get('baseline', 'no-sd'))}.", ""]
         lines += _md_table(strategy_table(s))
+        lines += [f"**Finding — {_md(name)}:** {_md(line)}\n" for name, lines_ in (s.get("findings") or {}).items()
+                  for line in lines_]
     pairs = sim_real_pairs(data.evals)
     if pairs:
         lines += ["## Simulator vs real engine", ""] + _md_table(comparison_table(pairs))

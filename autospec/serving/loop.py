@@ -204,7 +204,7 @@ class _Serving:
             if admitted and fused_prefill:
                 self._first_tokens(admitted, t_admit, t_end)
         return ServeRecords(self.strategy.name, [self.records[r.req_id] for r in self.order], self.log,
-                            time.perf_counter() - self.wall0)
+                            time.perf_counter() - self.wall0, self.strategy.findings())
 
     def _arrive(self, now: float) -> None:
         """Requests whose arrival time has come join the waiting queue (in arrival order)."""

@@ -113,6 +113,7 @@ class ServeRecords:
     requests: list[RequestRecord]
     steps: StepLog
     wall_s: float  # host time the replay took (not the engine's clock)
+    findings: list[str] = field(default_factory=list)  # the strategy's, after the replay (Strategy.findings)
 
     def _per_request(self) -> dict[str, list[np.ndarray]]:
         """Token times and per-round counts of each request (in `self.requests` order), from the step

@@ -95,7 +95,7 @@ class CalibrationScore(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     ece: float  # 20 equal-width bins
-    ece_ci: list[float]  # [low, high]: 95% percentile bootstrap, prompts resampled
+    ece_ci: list[float]  # [low, high]: 95% bias-corrected (basic) bootstrap, prompts resampled (fit.ece_interval)
     brier: float
     # 1 − Brier / Brier(per-position base rate): > 0 means better than predicting P(m ≥ j) of the
     # training prompts for every chain; the base rate itself scores 0

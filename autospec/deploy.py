@@ -1,7 +1,13 @@
 """Deployable configs for a chosen strategy: `deploy/` (written by `autospec tune`).
 
 * `autospec_strategy.toml` — the strategy as a preset file: `autospec evaluate --strategies` and
-  `autospec generate --strategy` take it as is.
+  `autospec generate --strategy` take it as is. It is the strategy as the run evaluated it: the fit's
+  values in every parameter the preset left to the fit (`autospec.strategy.apply_fit`; DSpark: the
+  fitted calibrator with its parameters under `[verify.calibration]`, and the SPS(B) table), so the
+  deployed policy computes what the evaluated one did without the run's fit/ — loading the file
+  restores the calibrator (`DsparkParams.calibration`), and a later fit no longer replaces it (a
+  preset's own values win). Without a fit such a policy is deployed uncalibrated, and the notes (and
+  README) say so, as `evaluate` warns.
 * `vllm_speculative_config.json` — when vLLM can express the strategy with its own config (no-SD,
   static K, a per-batch-size schedule), exactly the JSON vLLM's `--speculative-config` takes (method,
   draft model path, `num_speculative_tokens` and, for a per-batch-size schedule,
@@ -34,11 +40,11 @@ from typing import Any
 from autospec.artifacts import write_text
 from autospec.config import PairSpec
 from autospec.errors import InputError
-from autospec.fit import load_fit
+from autospec.fit import FitResult, load_fit
 from autospec.serving.vllm.engine import validate_speculative_config, vllm_available
 from autospec.serving.vllm.online import ONLINE_KEY
 from autospec.serving.vllm.speculative_config import launch_parts, speculative_config_for, vllm_form
-from autospec.strategy import StrategySpec, spec_to_toml
+from autospec.strategy import StrategySpec, apply_fit, calibration_flags, spec_to_toml, uncalibrated
 
 CONFIG_FILE = "vllm_speculative_config.json"
 STRATEGY_FILE = "autospec_strategy.toml"
@@ -78,16 +84,31 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
     `fallback` — (spec, why) of the best strategy vLLM *can* express — is offered inside the
     not-expressible file (under "fallback", with its own config) when `spec` itself is not.
     `k_max` and `fit` are what an online length policy (gp-lcb, smartspec) runs with; `fit` defaults to
-    the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max."""
+    the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max. The fit's policy
+    defaults (DSpark's calibrator and SPS table) are written into autospec_strategy.toml (module
+    docstring); the returned "calibration" says how the deployed file runs a calibrated policy (None
+    when the strategy has none)."""
     if fit is None:
         fit = run_fit(deploy_dir)
-    if k_max is None and fit is not None:
+    fitted: FitResult | None = None
+    no_fit = "no fit/models.json beside deploy/"
+    if fit is not None:
         try:
-            k_max = load_fit(fit).models.k_max
-        except InputError:
-            pass  # speculative_config_for reports the unreadable fit, if the strategy needs it
+            fitted = load_fit(fit)
+        except InputError as exc:  # speculative_config_for reports it too, if the strategy needs the fit
+            no_fit = f"its fit is unreadable: {exc.problem}"
+    if k_max is None and fitted is not None:
+        k_max = fitted.models.k_max
+    policy_inputs = fitted.policy_inputs if fitted is not None else None
+    # the strategy as evaluated: the fit's calibrator and SPS table baked in (module docstring)
+    deployed = apply_fit(spec, policy_inputs)
     result = vllm_config(spec, pair, max_batch, k_max=k_max, fit=fit)
     notes = list(result.get("notes", []))
+    raw = uncalibrated(deployed)
+    if raw:
+        notes.append(f"{spec.name} is deployed uncalibrated ({', '.join(raw)} ranks drafts by raw draft confidences: "
+                     + (no_fit if fitted is None else "the fit gives no calibrator")
+                     + "); `autospec fit DIR` makes one, and a deploy from that run carries it")
     validated: bool | None = None
     if result["supported"] and validate and vllm_available():
         try:
@@ -96,7 +117,7 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
         except InputError as exc:
             validated = False
             notes.append(exc.problem)
-    write_text(deploy_dir / STRATEGY_FILE, spec_to_toml(spec))
+    write_text(deploy_dir / STRATEGY_FILE, spec_to_toml(deployed))
     online = result["supported"] and ONLINE_KEY in result["config"]
     if online:
         notes.insert(0, "online length policy: vLLM runs it through --scheduler-cls and --additional-config "
@@ -118,7 +139,9 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
     write_text(deploy_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
     write_text(deploy_dir / "README.md", _readme(spec, pair, max_batch, result, validated, notes))
     return {"dir": str(deploy_dir), "strategy": spec.name, "vllm_supported": result["supported"],
-            "vllm_validated": validated, "notes": notes, "files": [STRATEGY_FILE, CONFIG_FILE, "README.md"]}
+            "vllm_validated": validated, "notes": notes, "files": [STRATEGY_FILE, CONFIG_FILE, "README.md"],
+            # per policy that takes a calibrator (DSpark): how the deployed file runs it
+            "calibration": calibration_flags([deployed], None).get(spec.name)}
 
 
 def _readme(spec: StrategySpec, pair: PairSpec, max_batch: int, result: dict[str, Any], validated: bool | None,

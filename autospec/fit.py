@@ -22,9 +22,9 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
 * the acceptance calibration DSpark applies (`fit_calibration`): calibrators of P(the first j drafts
   are all accepted) from the chain's confidences — STS (DSpark's own), isotonic and Platt
   (autospec.policies.calibrators) — scored held out by prompt (k-fold, no prompt on both sides) with
-  ECE and its bootstrap CI and the Brier skill score against the per-position base rate; the lowest
-  held-out ECE is chosen, refitted on every chain and stored (`calibration`; `sts` keeps STS's own
-  temperatures and ECE before/after).
+  ECE and its bias-corrected bootstrap CI (`ece_interval`) and the Brier skill score against the
+  per-position base rate; the lowest held-out ECE is chosen, refitted on every chain and stored
+  (`calibration`; `sts` keeps STS's own temperatures and ECE before/after).
 
 Everything lands in `DIR/fit/models.json`; `load_fit` reads it back as a `FitResult`.
 `FittedSimEngine.from_dirs` builds the simulator of a run directory from its profile and fit (fitting
@@ -375,11 +375,61 @@ def prompt_folds(prompt_ids: Sequence[str], domains: Sequence[str], k: int = CAL
     return [np.flatnonzero(assignment == f) for f in range(k)]
 
 
+def cluster_ece(gap: np.ndarray, count: np.ndarray):
+    """ECE of prompt-cluster resamples, for scipy.stats.bootstrap (vectorised): `gap` (G, bins) holds per
+    prompt group Σ(y − p) of its samples in each bin, `count` (G,) its samples; a sample (..., n) of group
+    indices that takes group g w_g times has ECE Σ_bins |Σ_g w_g·gap_gb| / Σ_g w_g·count_g — what
+    `sts.ece` gives on the samples of those prompts, duplicates included."""
+    n_groups = len(count)
+
+    def statistic(sample: np.ndarray, axis: int = -1) -> np.ndarray:
+        idx = np.asarray(sample, dtype=np.intp)
+        lead = idx.shape[:-1]
+        rows = int(np.prod(lead))
+        flat = idx.reshape(rows, -1) + (np.arange(rows) * n_groups)[:, None]
+        w = np.bincount(flat.ravel(), minlength=rows * n_groups).reshape(*lead, n_groups).astype(float)
+        return np.abs(w @ gap).sum(axis=-1) / np.maximum(w @ count, 1.0)
+
+    return statistic
+
+
+def ece_interval(gap: np.ndarray, count: np.ndarray, estimate: float, resamples: int, seed: int,
+                 level: float = 0.95) -> list[float]:
+    """[low, high] of ECE: the bias-corrected ("basic", pivotal) bootstrap interval over prompt clusters,
+    clipped at 0 and extended to hold the point estimate `estimate`.
+
+    scipy.stats.bootstrap resamples whole prompts (their chains are correlated) through `cluster_ece`.
+    The basic interval [2·ECE − q_hi, 2·ECE − q_lo] (q: the resamples' quantiles) reads the resamples'
+    excess over the estimate as the estimate's own excess over the true ECE — ECE sums absolute gaps, so
+    noise only adds to it, and both excesses are positive. The percentile interval [q_lo, q_hi] it
+    replaces ignores that bias and sits above the estimate (on the bundled pair's profile the chosen
+    calibrator's held-out 0.018 had 97% of its resamples above it: [0.017, 0.052]).
+    [chosen: basic, not BCa] With a predictor 0.02 off (60 prompts × 40 chains; the test
+    `test_the_ece_interval_corrects_the_bootstraps_upward_bias`) the 95% intervals of 100 seeded
+    replicates covered the true ECE 94 times as basic, 5 times as BCa and never as percentiles: where
+    the bias exceeds the resamples' spread — a calibrator near the noise floor, the kind `fit` chooses —
+    BCa's z0 is extreme, both its ends fall into the resamples' lower tail, and its interval shrinks to
+    a sliver above the truth.
+    [chosen] Where the bias-corrected interval ends below the estimate (the bias exceeds the spread) it
+    is extended up to the estimate, so the interval always holds the point estimate printed with it
+    (a wider interval never covers less).
+    """
+    from scipy.stats import bootstrap  # lazily: see fit_linear_relative
+
+    res = bootstrap((np.arange(len(count)),), cluster_ece(gap, count), n_resamples=resamples, vectorized=True,
+                    confidence_level=level, method="basic", rng=np.random.default_rng(seed))
+    low = max(0.0, float(res.confidence_interval.low))
+    high = max(0.0, float(res.confidence_interval.high))
+    return [min(low, estimate), max(high, estimate)]
+
+
 def _score(pred: np.ndarray, labels: np.ndarray, valid: np.ndarray, base: np.ndarray, groups: np.ndarray,
-           weights: np.ndarray, bins: int) -> dict[str, Any]:
+           weights: np.ndarray, bins: int, seed: int = 0) -> dict[str, Any]:
     """CalibrationScore fields of out-of-fold predictions `pred` (N, K) against `labels`, with the
-    base-rate predictions `base` as the Brier reference; CIs from `weights` (B, G): each row one bootstrap
-    resample's multiplicity of every prompt group."""
+    base-rate predictions `base` as the Brier reference. The ECE CI is bias-corrected, over prompt groups
+    (`ece_interval`, as many resamples as `weights` has rows, seeded by `seed`); the Brier skill CI is the
+    percentile interval of `weights` (B, G): each row one bootstrap resample's multiplicity of every
+    prompt group."""
     rows, cols = np.nonzero(valid)
     p, y, b, g = pred[rows, cols], labels[rows, cols], base[rows, cols], groups[rows]
     n_groups = weights.shape[1]
@@ -390,11 +440,11 @@ def _score(pred: np.ndarray, labels: np.ndarray, valid: np.ndarray, base: np.nda
     np.add.at(gap, (g, idx), y - p)
     se = np.bincount(g, (p - y) ** 2, minlength=n_groups)
     se_base = np.bincount(g, (b - y) ** 2, minlength=n_groups)
-    boot_ece = np.abs(weights @ gap).sum(axis=1) / np.maximum(weights @ count, 1.0)
     boot_skill = 1.0 - (weights @ se) / np.maximum(weights @ se_base, 1e-300)
     brier_base = float(np.mean((b - y) ** 2))
     brier_p = float(np.mean((p - y) ** 2))
-    return {"ece": ece(p, y, bins), "ece_ci": [float(v) for v in np.percentile(boot_ece, [2.5, 97.5])],
+    point = ece(p, y, bins)
+    return {"ece": point, "ece_ci": ece_interval(gap, count, point, weights.shape[0], seed),
             "brier": brier_p, "brier_skill": 1.0 - brier_p / brier_base if brier_base > 0 else 0.0,
             "brier_skill_ci": [float(v) for v in np.percentile(boot_skill, [2.5, 97.5])],
             "ece_by_position": [ece(pred[valid[:, j], j], labels[valid[:, j], j], bins) for j in range(pred.shape[1])],
@@ -445,7 +495,7 @@ def fit_calibration(confidences: np.ndarray, accepted: np.ndarray, prompt_ids: S
     rng = np.random.default_rng(seed)
     weights = rng.multinomial(len(uniq), np.full(len(uniq), 1.0 / len(uniq)), size=bootstrap).astype(float)
     scores = {name: CalibrationScore(**_score(np.where(valid, pred[name], np.nan), labels, valid,
-                                              pred["base_rate"], groups, weights, ECE_BINS))
+                                              pred["base_rate"], groups, weights, ECE_BINS, seed))
               for name in names}
     chosen = min(kinds, key=lambda k: (scores[k].ece, list(kinds).index(k)))
     candidates = {kind: FITTERS[kind](conf, acc) for kind in kinds}

@@ -27,6 +27,7 @@ from __future__ import annotations
 from autospec.contract import StepContext
 from autospec.errors import InputError
 from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
+from autospec.policies.oracle_m import true_match_lengths
 
 
 class CostAwareOracleParams(PolicyParams):
@@ -47,12 +48,7 @@ class CostAwareOracleLength(TargetLengthPolicy):
         if clock is None:
             raise InputError("the oracle length policy needs an engine that knows its own step clock (the sim "
                              "engine)", field="length.policy")
-        matches = []
-        for r in ctx.requests:
-            if r.true_match_len is None:
-                raise InputError("the oracle length policy needs an engine that knows the true match length "
-                                 "(the sim engine)", field="length.policy")
-            matches.append(min(r.true_match_len, ctx.k_max))
+        matches = true_match_lengths(ctx, "oracle")
         contexts = [r.context_len for r in ctx.requests]
         n = len(contexts)
         best, best_rate = [0] * n, n / clock(contexts, [0] * n)

@@ -28,10 +28,16 @@ class MatchOracleLength(TargetLengthPolicy):
     params: MatchOracleParams
 
     def targets(self, ctx: StepContext) -> list[int]:
-        out = []
-        for r in ctx.requests:
-            if r.true_match_len is None:
-                raise InputError("the oracle-m length policy needs an engine that knows the true match "
-                                 "length (the sim engine)", field="length.policy")
-            out.append(min(r.true_match_len, ctx.k_max))
-        return out
+        return true_match_lengths(ctx, "oracle-m")
+
+
+def true_match_lengths(ctx: StepContext, policy: str) -> list[int]:
+    """Each request's true match length capped at K_max (both oracles' signal); an InputError naming
+    `policy` when the engine does not know it."""
+    out = []
+    for r in ctx.requests:
+        if r.true_match_len is None:
+            raise InputError(f"the {policy} length policy needs an engine that knows the true match length "
+                             "(the sim engine)", field="length.policy")
+        out.append(min(r.true_match_len, ctx.k_max))
+    return out

@@ -4,7 +4,7 @@
 
     python benchmarks/paper_claims.py [--out benchmarks/results/paper_claims.json] [--quick]
                                       [--only adaspec --only faser ...] [--profile reports/ci-profile]
-                                      [--keep DIR]
+                                      [--keep DIR [--resume]] [--real-repeats N]
 
 Everything goes through the library entry point `autospec evaluate` uses (`EvaluateSpec` +
 `run_evaluate`, as benchmarks/sim_fidelity.py does) and names strategies only by their presets; the
@@ -54,11 +54,16 @@ numbers. TIE = 0.03 (the torch engine's repeat-to-repeat noise on a quiet host w
 throughput and TPOT in benchmarks/sim_fidelity.py), CLOSE = 0.05. A claim that does not hold on a
 10M-parameter CPU pair is a finding about this setting, not a failure of the script.
 
-Cost: the simulator part takes under a minute; the torch part replays 4 workloads x up to 13
-strategies of 60 requests, ~8 minutes on a quiet 2-core CPU (the script records its wall times and the
-load average; a loaded host slows the torch replays and with them every SLO-bound figure).
+Cost: the simulator part takes ~15 s; the torch part replays 4 workloads x up to 13 strategies of 60-80
+requests: the simulator puts the sum of their makespans at ~6.5 minutes, so ~7-8 minutes on a quiet
+2-core CPU with the engine's start-ups. On a shared host it is far slower, and every SLO-bound figure
+with it: the torch engine's two threads stall when another process holds a core (one run took 34.7
+minutes at a load average of 3-4, the 8 req/s replays alone 25 minutes, with 30x slowdowns of single
+strategies). The result records the wall times and the load average at start and end.
 `--quick` shrinks everything (one rate, 8-40 requests of ~12 tokens) for the test; `--only PAPER`
-(repeatable or comma-separated) runs only the experiments those papers need.
+(repeatable or comma-separated) runs only the experiments those papers need; `--keep DIR` writes every
+evaluation's artifacts there, and `--resume` then reuses those a killed run finished (same settings and
+workload content; `settings.reused_evaluations` lists them, and `wall_s` counts only this run).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_fidelity import workload_variant  # noqa: E402  (benchmarks/ is not a package)
 
-from autospec.artifacts import hardware_info, write_json  # noqa: E402
+from autospec.artifacts import hardware_info, read_json, sha256_file, write_json  # noqa: E402
 from autospec.cli import fail_cleanly  # noqa: E402
 from autospec.config import SCHEMA_VERSION, SloSpec  # noqa: E402
 from autospec.errors import InputError  # noqa: E402
@@ -183,8 +188,24 @@ def workload_file(key: Key, sizes: Sizes, big: bool, work: Path) -> Path:
     return workload_variant(BURSTY, work / f"bursty-{n}.toml", max_requests=n, **sizes.lengths)
 
 
+def finished(out_dir: Path, spec: EvaluateSpec) -> EvalResult | None:
+    """The evaluation `run_evaluate` wrote to `out_dir` when it ran this very spec on a workload file of
+    the same content (--resume; its manifest is written last, so one is there only when it finished)."""
+    if not (out_dir / "manifest.json").is_file():
+        return None
+    manifest = read_json(out_dir / "manifest.json")
+    ours = {k: v for k, v in spec.model_dump(mode="json").items() if k != "workload"}
+    theirs = {k: v for k, v in manifest.get("config", {}).items() if k != "workload"}
+    if ours != theirs or list(manifest.get("inputs", {}).values()) != [sha256_file(spec.workload)]:
+        return None
+    ev = out_dir / "eval"
+    return EvalResult(read_json(ev / "summary.json"), pd.read_parquet(ev / "requests.parquet"),
+                      pd.read_parquet(ev / "steps.parquet"))
+
+
 def run_all(papers: list[str], sizes: Sizes, profile: Path, work: Path, keep: Path | None,
-            timings: dict[str, float], real_repeats: int = 1) -> dict[str, dict[Key, EvalResult]]:
+            timings: dict[str, float], real_repeats: int = 1, resume: bool = False,
+            reused: list[str] | None = None) -> dict[str, dict[Key, EvalResult]]:
     """One `run_evaluate` per (engine, workload) with every strategy the chosen papers need there;
     the simulators first (cheap, and a bad profile fails before the torch engine starts). The
     simulator at T = 0 is deterministic, so only the torch engine repeats (interleaved by evaluate)."""
@@ -202,9 +223,14 @@ def run_all(papers: list[str], sizes: Sizes, profile: Path, work: Path, keep: Pa
             t1 = time.perf_counter()
             spec = EvaluateSpec(workload=wl, strategies=strategies, engine=engine, profile=profile, max_batch=8,
                                 k_max=8, seed=0, repeats=real_repeats if engine == "torch" else 1)
-            out[label][key] = run_evaluate(spec, None if keep is None else keep / label / wl.stem)
+            out_dir = None if keep is None else keep / label / wl.stem
+            done = finished(out_dir, spec) if resume and out_dir is not None else None
+            out[label][key] = done if done is not None else run_evaluate(spec, out_dir)
+            if done is not None and reused is not None:
+                reused.append(f"{label}/{wl.stem}")
             print(f"[paper_claims] {label}: {wl.stem}, {len(strategies) + 1} strategies, "
-                  f"{time.perf_counter() - t1:.1f} s", file=sys.stderr, flush=True)
+                  f"{'reused' if done is not None else f'{time.perf_counter() - t1:.1f} s'}", file=sys.stderr,
+                  flush=True)
         timings[label] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -428,8 +454,12 @@ def main(out: Path = typer.Option(RESULTS / "paper_claims.json", "--out", help="
          keep: Optional[Path] = typer.Option(None, "--keep", help="also write every evaluation's artifacts "
                                              "(eval/summary.json, requests, steps) under this folder"),
          real_repeats: int = typer.Option(1, "--real-repeats", min=1, help="torch replays per strategy (their "
-                                          "mean is judged)")) -> None:
+                                          "mean is judged)"),
+         resume: bool = typer.Option(False, "--resume", help="reuse the evaluations a killed run with the same "
+                                     "--keep finished (same settings and workload)")) -> None:
     papers = parse_only(only)
+    if resume and keep is None:
+        raise InputError("--resume reuses the evaluations under --keep DIR: give --keep", field="resume")
     profile = (profile if profile.is_absolute() or profile.exists() else ROOT / profile).resolve()
     # named relative to the repository when it lies inside it, so the result names no machine's paths
     shown = str(profile.relative_to(ROOT.resolve())) if profile.is_relative_to(ROOT.resolve()) else str(profile)
@@ -440,8 +470,9 @@ def main(out: Path = typer.Option(RESULTS / "paper_claims.json", "--out", help="
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    reused: list[str] = []
     with tempfile.TemporaryDirectory(prefix="paper_claims_") as tmp:
-        runs = run_all(papers, sizes, profile, Path(tmp), keep, timings, real_repeats)
+        runs = run_all(papers, sizes, profile, Path(tmp), keep, timings, real_repeats, resume, reused)
     claims = [judge(p, runs, sizes) for p in papers]
     timings["total"] = round(time.perf_counter() - t0, 1)
     result = PaperClaims(
@@ -449,7 +480,8 @@ def main(out: Path = typer.Option(RESULTS / "paper_claims.json", "--out", help="
         load_average_at_end=list(os.getloadavg()), hardware=hardware_info(),
         settings={"slo": SloSpec().model_dump(), "max_batch": 8, "k_max": 8, "temperature": 0.0,
                   "real_repeats": real_repeats, "seed": 0, "profile": shown,
-                  "real_engine": "torch, bundled pair, cpu", "tie": TIE, "close": CLOSE, "papers": papers})
+                  "real_engine": "torch, bundled pair, cpu", "tie": TIE, "close": CLOSE, "papers": papers,
+                  "reused_evaluations": reused})  # --resume: these took their time in an earlier run
     write_json(out, result.model_dump(mode="json"))
     for c in claims:
         print(f"{c.paper:8s} {c.verdict:13s} sim {c.sim:.3f} real {c.real:.3f}  {c.claim}")

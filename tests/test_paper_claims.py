@@ -24,8 +24,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_quick_run_writes_claims_for_the_chosen_papers(tmp_path):
-    out = tmp_path / "claims.json"
-    res = _run("--quick", "--only", "laps-sd", "--only", "DSDE", "--out", str(out))
+    out, keep = tmp_path / "claims.json", tmp_path / "keep"
+    res = _run("--quick", "--only", "laps-sd", "--only", "DSDE", "--out", str(out), "--keep", str(keep))
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     result = paper_claims.PaperClaims.model_validate(data)  # the claim records' pydantic schema
@@ -50,14 +50,27 @@ def test_quick_run_writes_claims_for_the_chosen_papers(tmp_path):
     dsde = next(c for c in result.claims if c.paper == "DSDE")
     assert [p["rate"] for p in dsde.details["sim"].points] == paper_claims.QUICK.rates
     assert result.wall_s["real"] > 0 and result.load_average_at_start
+    assert (keep / "real" / "bursty-8" / "eval" / "steps.parquet").is_file()
+
+    # --resume reuses every finished evaluation under --keep and judges them the same way
+    again = tmp_path / "again.json"
+    res = _run("--quick", "--only", "dsde,laps-sd", "--out", str(again), "--keep", str(keep), "--resume")
+    assert res.returncode == 0, res.stderr[-3000:]
+    resumed = json.loads(again.read_text())
+    assert resumed["claims"] == data["claims"]
+    assert sorted(resumed["settings"]["reused_evaluations"]) == sorted(
+        f"{label}/{stem}" for label in ("sim", "sim_real_size", "real")
+        for stem in ((f"poisson-12-{40 if label == 'sim' else 8}"), f"bursty-{40 if label == 'sim' else 8}"))
 
 
-def test_unknown_paper_is_one_line_exit_2_and_writes_nothing(tmp_path):
+def test_bad_flags_are_one_line_exit_2_and_write_nothing(tmp_path):
     out = tmp_path / "claims.json"
-    res = _run("--only", "adaspec,medusa", "--out", str(out))
-    assert res.returncode == 2
-    assert res.stderr.strip().count("\n") == 0 and "medusa" in res.stderr and "Traceback" not in res.stderr
-    assert not out.exists()
+    for args, word in ((["--only", "adaspec,medusa"], "medusa"), (["--resume"], "--keep"),
+                       (["--profile", str(tmp_path)], "fit/models.json")):
+        res = _run(*args, "--out", str(out))
+        assert res.returncode == 2, args
+        assert res.stderr.strip().count("\n") == 0 and word in res.stderr and "Traceback" not in res.stderr
+        assert not out.exists()
 
 
 def test_verdict_rules():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,15 +38,26 @@ def autospec(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "autospec.cli", *args], check=True, env={**os.environ, "COLUMNS": "160"})
 
 
+def workload_variant(src: Path, dst: Path, **overrides) -> Path:
+    """Write `src`'s `[workload]` table with `overrides` replacing (or adding) keys to `dst`; a trace
+    file named relative to `src` is made absolute so the copy reads the same trace from anywhere
+    (`bundled:` traces are found by name). Keys are checked when the copy is loaded (`load_workload`)."""
+    import tomllib
+
+    import tomli_w
+
+    table = {**tomllib.loads(src.read_text())["workload"], **overrides}
+    trace = table.get("trace")
+    if isinstance(trace, str) and not trace.startswith("bundled:"):
+        table["trace"] = str((src.parent / trace).resolve())
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(tomli_w.dumps({"workload": table}))
+    return dst
+
+
 def scaled_workload(run_dir: Path, time_scale: float) -> Path:
-    """The bundled Azure code workload with `time_scale` replaced (trace path made absolute)."""
-    text = WORKLOAD.read_text()
-    text = re.sub(r"(?m)^time_scale\s*=.*$", f"time_scale = {time_scale}", text)
-    trace = (WORKLOAD.parent / re.search(r'(?m)^trace\s*=\s*"([^"]+)"', text).group(1)).resolve()
-    text = re.sub(r'(?m)^trace\s*=\s*"[^"]+"', f'trace = "{trace}"', text)
-    path = run_dir / "workload.toml"
-    path.write_text(text)
-    return path
+    """The bundled Azure code workload with `time_scale` replaced."""
+    return workload_variant(WORKLOAD, run_dir / "workload.toml", time_scale=time_scale)
 
 
 def workload_prompt_file(run_dir: Path, workload: Path, n: int) -> Path:

@@ -8,6 +8,11 @@ begin_step and its keep_drafting calls while K_max tokens are drafted, the verif
 every observe call. The requests carry realistic state (64 rounds of history, KLD and confidence
 windows) and the drafts carry real confidences drawn from a Beta distribution. Goal (issue 3): <= 1% of
 a verify step at batch 64 (FASER reports 0.5-0.9% for its drafter).
+
+The cost-aware `oracle` reads the engine's step clock (`StepContext.step_clock`), which only the
+simulator has: its decisions are timed with the clock of the simulator calibrated by the committed CI
+profile (`reports/ci-profile`, a profile of the same bundled pair on this kind of CPU), the clock it
+calls K_max + 1 times per step in a real replay.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 from autospec.contract import DraftState, DraftToken, RequestView, RoundRecord, StepContext, StepOutcome
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
 K_MAX = 8
 CONTEXT = 256
 
@@ -81,6 +87,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from autospec.artifacts import hardware_info, write_json
+    from autospec.fit import FittedSimEngine
     from autospec.engines.torch_engine import TorchSDEngine
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
     from autospec.serving.factory import quick_latency_model
@@ -88,6 +95,7 @@ def main() -> None:
 
     engine = TorchSDEngine(BUNDLED_TARGET, BUNDLED_DRAFT)
     latency_model = quick_latency_model(engine)
+    step_clock = FittedSimEngine.from_dirs(REPO / "reports" / "ci-profile", k_max=K_MAX).step_time_s
     batches = [1, 16, 64, 256]
     verify_s = {b: float(np.median(engine.time_forward("target", b, 5, CONTEXT, repeats=3, warmup=1)))
                 for b in batches}
@@ -100,7 +108,8 @@ def main() -> None:
             views = make_requests(batch, rng)
             times = []
             for step in range(args.steps + 3):
-                ctx = StepContext(now_s=step * 0.01, requests=views, k_max=K_MAX, latency_model=latency_model)
+                ctx = StepContext(now_s=step * 0.01, requests=views, k_max=K_MAX, latency_model=latency_model,
+                              step_clock=step_clock)
                 t = one_decision(strategy, ctx, rng)
                 if step >= 3:  # the first steps warm caches and fill windows
                     times.append(t)

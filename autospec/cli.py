@@ -306,23 +306,26 @@ def _budget_line(run: dict) -> str:
 
 def _print_run(result: dict, out_dir: Path) -> None:
     tune = result.get("tune")
-    table = Table(title="autospec run — goodput (requests/s within the SLO) and speed-up over no-sd")
+    table = Table(title="autospec run — capacity at the SLO (simulator), SLO attainment at the workload's load "
+                        "(torch engine) and per-user decode speed (1/TPOT) over no-sd")
     table.add_column("strategy")
-    for label in ("simulator", "torch engine"):
-        table.add_column(f"{label} goodput", justify="right")
-        table.add_column(f"{label} speed-up", justify="right")
+    table.add_column("simulator capacity (req/s)", justify="right")
+    table.add_column("simulator decode ×no-SD", justify="right")
+    table.add_column("torch engine SLO attained", justify="right")
+    table.add_column("torch engine decode ×no-SD", justify="right")
     sim = (result.get("evaluate_sim") or {}).get("strategies", {})
     real = (result.get("evaluate_real") or {}).get("strategies", {})
 
-    def cells(metrics: dict | None) -> list[str]:
+    def cells(metrics: dict | None, first: str, fmt: str) -> list[str]:
         if not metrics:
             return ["–", "–"]
-        g, s = metrics["goodput"]["mean"], metrics["speedup_vs_no_sd"]["mean"]
-        return [f"{g:.3g}" if g is not None else "–", f"{s:.2f}×" if s is not None else "–"]
+        a, s = (metrics.get(first) or {}).get("mean"), (metrics.get("tpot_speedup_vs_no_sd") or {}).get("mean")
+        return [fmt.format(a) if a is not None else "–", f"{s:.2f}×" if s is not None else "–"]
 
     for name in dict.fromkeys([*sim, *real]):
         table.add_row(name + (" (tuned)" if tune and name == tune["best"]["name"] else ""),
-                      *cells(sim.get(name)), *cells(real.get(name)))
+                      *cells(sim.get(name), "capacity_rps", "{:.3g}"),
+                      *cells(real.get(name), "slo_attainment", "{:.0%}"))
     out.print(table)
     if tune:
         dep = tune["deploy"]
@@ -492,6 +495,10 @@ def evaluate(
                                         "from the local Hugging Face cache"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed"),
+    capacity: bool = typer.Option(True, "--capacity/--no-capacity", help="search each strategy's capacity at "
+                                  "the SLO (--engine sim: ~10 replays per strategy and repeat)"),
+    capacity_target: float = typer.Option(0.9, "--capacity-target", help="SLO attainment the capacity load "
+                                          "must keep"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
@@ -503,7 +510,7 @@ def evaluate(
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
                        slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
-                       seed=seed, device=device)
+                       seed=seed, device=device, capacity={"target": capacity_target} if capacity else None)
     if target is not None or draft is not None:
         pair = PairSpec(allow_download=allow_download,
                         **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
@@ -521,28 +528,49 @@ def evaluate(
     _print_evaluate(summary, spec, workload, engine, out_dir)
 
 
+# The evaluate table's columns: summary metric, header, how a mean prints. Capacity and the per-user
+# speed-ups first (what SD buys at the SLO); open-loop throughput last, labelled for what it is. Few and
+# narrow enough for an 80-column terminal; every metric with its CI is in eval/summary.json.
+EVALUATE_COLUMNS = (
+    ("capacity_rps", "capacity\nreq/s", "{:.3g}"), ("capacity_vs_no_sd", "capacity\n×no-SD", "{:.2f}×"),
+    ("tpot_speedup_vs_no_sd", "decode\n×no-SD", "{:.2f}×"),
+    ("tpot_p99_speedup_vs_no_sd", "p99 dec.\n×no-SD", "{:.2f}×"),
+    ("slo_attainment", "SLO\nmet", "{:.0%}"), ("tpot_mean", "TPOT\nms", "ms"),
+    ("throughput_vs_no_sd", "tput\n×no-SD", "{:.2f}×"))
+
+
 def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: Path) -> None:
-    """The headline metrics, one column per strategy (mean, and the 95% CI when there are repeats)."""
-    from autospec.evaluate import HEADLINE
-
+    """The headline metrics, one row per strategy (means over the repeats)."""
     table = Table(title=f"autospec evaluate — {summary['workload']['name'] or workload.name} on {engine} "
-                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}; mean [95% CI])")
-    # One column per strategy: a few strategies × many metrics reads better tall than wide.
-    table.add_column("metric")
-    for name in summary["strategies"]:
-        table.add_column(name, justify="right")
+                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''})")
+    table.add_column("strategy", no_wrap=True)
+    strategies = summary["strategies"]
+    # a column no strategy has a value for (capacity on a real engine) is left out
+    columns = [c for c in EVALUATE_COLUMNS if any((m.get(c[0]) or {}).get("mean") is not None
+                                                  for m in strategies.values())]
+    for _, header, _fmt in columns:
+        table.add_column(header, justify="right", no_wrap=True)
 
-    def cell(v: dict) -> str:
-        if v["mean"] is None:
+    def cell(v: dict | None, fmt: str) -> str:
+        if not v or v["mean"] is None:
             return "–"
-        if spec.repeats == 1 or v["ci_low"] is None:
-            return f"{v['mean']:.4g}"
-        return f"{v['mean']:.4g} [{v['ci_low']:.3g}, {v['ci_high']:.3g}]"
+        return "{:.3g}".format(v["mean"] * 1e3) if fmt == "ms" else fmt.format(v["mean"])
 
-    for metric in HEADLINE:
-        table.add_row(metric, *(cell(m[metric]) for m in summary["strategies"].values()))
+    for name, m in strategies.items():
+        table.add_row(name, *(cell(m.get(key), fmt) for key, _, fmt in columns))
     out.print(table)
-    out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · run directory: {out_dir}")
+    capacity = summary.get("capacity")
+    if capacity:
+        out.print(f"capacity: the highest arrival rate (the workload's own arrivals sped up or slowed down) at "
+                  f"which SLO attainment stays ≥ {capacity['spec']['target']:.0%}, searched on the simulator. "
+                  "decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the "
+                  "arrival rate), both over no-SD at the workload's own load.", soft_wrap=True)
+    else:
+        out.print("decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the arrival "
+                  "rate) over no-SD at the workload's own load; capacity at the SLO is searched on the simulator "
+                  "(--engine sim).", soft_wrap=True)
+    out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · every metric"
+              f"{' with its 95% CI' if spec.repeats > 1 else ''}: {out_dir}/eval/summary.json", soft_wrap=True)
 
 
 @app.command()
@@ -613,10 +641,15 @@ def tune(
     trials: int = typer.Option(40, "--trials", help="the study's total of completed + pruned trials"),
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in OUT/tune)"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="default: derived from the settings"),
-    objective: str = typer.Option("goodput", "--objective", help="goodput | multi (throughput vs p99 TPOT)"),
+    objective: str = typer.Option("capacity", "--objective", help="capacity (at the SLO: the highest load "
+                                  "keeping --min-attainment; ~10 replays a trial) | goodput (at the workload's "
+                                  "own load) | multi (throughput vs p99 TPOT)"),
     slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help=_SLO_TTFT_HELP),
     slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help=_SLO_TPOT_HELP),
     min_attainment: float = typer.Option(0.9, "--min-attainment", help="SLO attainment a feasible trial needs"),
+    scope: str = typer.Option("engine", "--scope", help="engine: only what vLLM can run as shipped (static K, "
+                              "per-batch-size K, online length policies; FCFS) | all: schedulers and "
+                              "per-request policies too (deploy/ still holds the best deployable trial)"),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
                                              "every preset but the oracles and the fixed static-kN)"),
     confirm_top: int = typer.Option(0, "--confirm-top", help="re-run the best N on the real torch engine"),
@@ -630,15 +663,15 @@ def tune(
     as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
 ) -> None:
     """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
-    if objective not in ("goodput", "multi"):
-        raise InputError(f"unknown objective {objective!r}; use goodput or multi", field="objective")
+    if objective not in ("goodput", "capacity", "multi"):
+        raise InputError(f"unknown objective {objective!r}; use goodput, capacity or multi", field="objective")
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     if names is not None and not names:
         raise InputError("the search space is empty: --strategies lists no strategy", field="strategies")
     from autospec.tune import run_tune, spec_from_flags
 
     spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
-                           study_name=study_name, objective=objective, min_attainment=min_attainment,
+                           study_name=study_name, objective=objective, min_attainment=min_attainment, scope=scope,
                            slo=_slo_flags(slo_ttft, slo_tpot),
                            strategies=names, confirm_top=confirm_top, max_batch=max_batch, k_max=k_max,
                            prune=not no_prune, seed=seed,
@@ -676,8 +709,11 @@ def _print_tune(summary: dict, spec, out_dir: Path) -> None:
     for row in summary["confirmed"]:
         out.print(f"confirmed trial {row['number']} ({row['strategy']}) on the torch engine: goodput "
                   f"sim {row['sim']['goodput']:.3g} vs real {row['real']['goodput']:.3g} req/s")
-    deploy = summary["deploy"]
-    out.print(f"tune/: {out_dir / 'tune'} · deploy/: {deploy['dir']} (vLLM: "
+    deploy, deployable = summary["deploy"], summary.get("best_deployable")
+    if deployable is not None and deployable["number"] != best["number"]:
+        out.print(f"best deployable on vLLM (in deploy/): {deployable['name']} (trial {deployable['number']}, "
+                  f"value {deployable['value']} vs the best's {best['value']})")
+    out.print(f"tune/: {out_dir / 'tune'} · deploy/: {deploy['dir']} ({deploy['strategy']}; vLLM: "
               f"{'supported' if deploy['vllm_supported'] else 'not expressible'})")
     if spec.time_budget_s is not None:
         out.print(_budget_line(summary["run"]), soft_wrap=True)

@@ -128,7 +128,8 @@ class ProfileStage(_Model):
 
 class TuneStage(_Model):
     trials: int = Field(40, ge=1)
-    objective: Literal["goodput", "multi"] = "goodput"
+    objective: Literal["goodput", "capacity", "multi"] = "capacity"
+    scope: Literal["engine", "all"] = "engine"  # autospec tune --scope
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)
     strategies: list[str] | None = None  # None = tune's default candidates
     storage: str | None = None

@@ -77,17 +77,15 @@ def online_payload(name: str, cfg: dict[str, Any], notes: list[str]) -> dict[str
 
 
 def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch: int,
-                 validate: bool = True, fallback: tuple[StrategySpec, str] | None = None, *,
-                 k_max: int | None = None, fit: Path | None = None) -> dict[str, Any]:
+                 validate: bool = True, *, k_max: int | None = None, fit: Path | None = None) -> dict[str, Any]:
     """Write deploy/ for `spec`; returns what was written (for tune/summary.json and the report).
 
-    `fallback` — (spec, why) of the best strategy vLLM *can* express — is offered inside the
-    not-expressible file (under "fallback", with its own config) when `spec` itself is not.
-    `k_max` and `fit` are what an online length policy (gp-lcb, smartspec) runs with; `fit` defaults to
-    the run directory's fit/models.json (`run_fit`) and `k_max` to that fit's K_max. The fit's policy
-    defaults (DSpark's calibrator and SPS table) are written into autospec_strategy.toml (module
-    docstring); the returned "calibration" says how the deployed file runs a calibrated policy (None
-    when the strategy has none)."""
+    `autospec tune` hands it the best configuration vLLM can run; a strategy vLLM cannot express gets
+    the not-expressible file (module docstring). `k_max` and `fit` are what an online length policy
+    (gp-lcb, smartspec) runs with; `fit` defaults to the run directory's fit/models.json (`run_fit`)
+    and `k_max` to that fit's K_max. The fit's policy defaults (DSpark's calibrator and SPS table) are
+    written into autospec_strategy.toml (module docstring); the returned "calibration" says how the
+    deployed file runs a calibrated policy (None when the strategy has none)."""
     if fit is None:
         fit = run_fit(deploy_dir)
     fitted: FitResult | None = None
@@ -128,13 +126,6 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
         payload = result["config"]
     else:
         payload = {"supported": False, "strategy": spec.name, "notes": notes}
-        if fallback is not None:
-            alt = vllm_config(fallback[0], pair, max_batch, k_max=k_max, fit=fit)
-            if alt["supported"]:
-                payload["fallback"] = {"strategy": fallback[0].name, "why": fallback[1],
-                                       **launch_parts(alt["config"])}
-                notes.append(f"best vLLM-expressible alternative: {fallback[0].name} ({fallback[1]}); its "
-                             "config is under \"fallback\" in this file")
     # Exactly vLLM's JSON: no schema_version (vLLM rejects unknown keys), so not write_json.
     write_text(deploy_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
     write_text(deploy_dir / "README.md", _readme(spec, pair, max_batch, result, validated, notes))

@@ -4,7 +4,16 @@ For every repeat and every strategy (interleaved, so slow drift of a real machin
 strategies) the serving loop (`autospec.serving.loop.serve`) replays the workload's trace with
 continuous batching; the records become `eval/requests.parquet` and `eval/steps.parquet`, the
 metrics (`autospec.serving.metrics`) with bootstrap CIs across repeats become `eval/summary.json`.
-`no-sd` is always run: it is the denominator of `speedup_vs_no_sd` and is reported like the others.
+`no-sd` is always run: it is the denominator of the RELATIVE metrics (capacity, per-user decode speed
+and end-to-end latency relative to no-SD in the same repeat) and is reported like the others.
+
+Capacity at the SLO (`autospec.serving.capacity`): on the simulator, every (strategy, repeat) also gets
+the highest arrival rate, as a scale of the workload's own arrivals, at which SLO attainment stays at or
+above `capacity.target` — `capacity_rps` and `capacity_scale` in the metrics, the search's bracket and
+probes (attainment vs load) in the summary's `capacity`. It is the headline: at the workload's own load
+an open-loop replay's throughput is set by the arrival rate (`throughput_vs_no_sd` ≈ 1 whenever the
+engine keeps up), while capacity and the TPOT speed-ups move with what SD does. A real engine is not
+searched (each probe would be a full replay on it); it reports its metrics at the workload's own load.
 
 Engines:
 * torch — the bundled pair (or --target/--draft). Prompts are the trace's texts tokenized with the
@@ -52,6 +61,7 @@ from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, load_fit
 from autospec.policies.base import policy_class
+from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
@@ -63,8 +73,16 @@ from autospec.workloads.trace import Trace
 
 BASELINE = "no-sd"
 # Headline metrics for the printed table and the keys every summary carries.
-HEADLINE = ("goodput", "throughput_tok_s", "ttft_p50", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean",
-            "slo_attainment", "accepted_per_step", "acceptance_rate", "speedup_vs_no_sd")
+# Capacity and the per-user speed-ups first: what SD buys at the SLO. Open-loop throughput is last and
+# labelled for what it is: set by the arrival rate, it is ~1x no-SD's whenever the engine keeps up.
+HEADLINE = ("capacity_rps", "capacity_vs_no_sd", "tpot_speedup_vs_no_sd", "tpot_p99_speedup_vs_no_sd",
+            "e2e_speedup_vs_no_sd", "slo_attainment", "goodput", "tpot_mean", "tpot_p99", "ttft_p50", "ttft_p99",
+            "e2e_mean", "acceptance_rate", "accepted_per_step", "throughput_tok_s", "throughput_vs_no_sd")
+# Metrics of a strategy relative to no-SD in the same repeat: name → (metric, "higher" | "lower" is better).
+# A ratio is always "better than no-SD" above 1: a latency's is no-SD's over the strategy's.
+RELATIVE = {"capacity_vs_no_sd": ("capacity_rps", "higher"), "tpot_speedup_vs_no_sd": ("tpot_mean", "lower"),
+            "tpot_p50_speedup_vs_no_sd": ("tpot_p50", "lower"), "tpot_p99_speedup_vs_no_sd": ("tpot_p99", "lower"),
+            "e2e_speedup_vs_no_sd": ("e2e_mean", "lower"), "throughput_vs_no_sd": ("throughput_tok_s", "higher")}
 
 
 class EvaluateSpec(BaseModel):
@@ -84,6 +102,9 @@ class EvaluateSpec(BaseModel):
     seed: int = 0
     pair: PairSpec = PairSpec()  # torch and vllm engines
     device: str = "cpu"  # torch engine only
+    # capacity at the SLO (autospec.serving.capacity), searched on the simulator; None = not measured.
+    # A real engine reports attainment at the workload's own load only: a probe there is a full replay.
+    capacity: CapacitySpec | None = CapacitySpec()
 
 
 @dataclass
@@ -216,6 +237,7 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
 
 # One (strategy, repeat) of an evaluation: the records of that run.
 RunFn = Callable[[StrategySpec, int], ServeRecords]
+CapacityFn = Callable[[StrategySpec, int], Capacity]
 Progress = Callable[[str, int], Callable[[int], None]]
 
 
@@ -227,14 +249,16 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     """
     strategies, baseline = resolve_strategies(spec.strategies)
     trace = load_workload(spec.workload)
+    capacity_of: CapacityFn | None = None
     if spec.engine == "vllm":
         run, calibration = _vllm_runs(spec, trace, strategies, progress), {}
     else:
-        run, calibration = _loop_runs(spec, trace, strategies, progress)
+        run, calibration, capacity_of = _loop_runs(spec, trace, strategies, progress)
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
     findings: dict[str, list[str]] = {}
+    capacities: dict[str, list[dict]] = {s.name: [] for s in strategies}
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
@@ -242,6 +266,11 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                 records = run(strat, repeat)
                 req_frame, step_frame = records.requests_frame(), records.steps_frame()
                 metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
+                found = capacity_of(strat, repeat) if capacity_of is not None else None
+                if found is not None:
+                    capacities[strat.name].append(found.model_dump())
+                metrics[strat.name][-1].update(capacity_rps=found.rps if found else None,
+                                               capacity_scale=found.scale if found else None)
                 positions[strat.name].append(per_position_acceptance(step_frame))
                 if getattr(records, "findings", None):  # the first repeat's (repeats replay the same rules)
                     findings.setdefault(strat.name, list(records.findings))
@@ -254,8 +283,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         telemetry = sampler.stop()
     for runs in metrics.values():
         for one, base in zip(runs, metrics[baseline]):
-            ok = one["throughput_tok_s"] is not None and base["throughput_tok_s"]
-            one["speedup_vs_no_sd"] = one["throughput_tok_s"] / base["throughput_tok_s"] if ok else None
+            one.update(relative_to_baseline(one, base))
 
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -273,12 +301,29 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         "calibration": calibration,
         # what a policy's own rule did that the numbers alone would hide (Strategy.findings)
         "findings": findings,
+        # per strategy, per repeat: the capacity search's bracket and probes (attainment vs load)
+        "capacity": ({"spec": spec.capacity.model_dump(), "strategies": capacities}
+                     if capacity_of is not None and spec.capacity is not None else None),
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
     if out_dir is not None:
         _write_artifacts(out_dir, spec, result)
     return result
+
+
+def relative_to_baseline(one: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    """The RELATIVE metrics of one run against the no-SD run of the same repeat (None where undefined)."""
+    out: dict[str, float | None] = {}
+    for name, (metric, better) in RELATIVE.items():
+        mine, theirs = one.get(metric), base.get(metric)
+        if mine is None or theirs is None:
+            out[name] = None
+        elif better == "higher":
+            out[name] = mine / theirs if theirs > 0 else None
+        else:
+            out[name] = theirs / mine if mine > 0 else None
+    return out
 
 
 def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
@@ -291,9 +336,10 @@ def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
 
 
 def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
-               progress: Progress | None) -> tuple[RunFn, dict]:
-    """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call; and which
-    strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not."""
+               progress: Progress | None) -> tuple[RunFn, dict, CapacityFn | None]:
+    """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call; which
+    strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not;
+    and, on the simulator, the capacity search of one (strategy, repeat)."""
     setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                  kv_budget_tokens=spec.kv_budget_tokens)
     if spec.engine == "sim":
@@ -314,7 +360,12 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
         on_finish = progress(label, len(requests)) if progress else None
         return replay.run(strat, spec.seed + repeat, on_finish=on_finish)
 
-    return run, replay.calibration(strategies)
+    def capacity_of(strat: StrategySpec, repeat: int) -> Capacity:
+        assert spec.capacity is not None
+        return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity)
+
+    measure = spec.engine == "sim" and spec.capacity is not None
+    return run, replay.calibration(strategies), capacity_of if measure else None
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

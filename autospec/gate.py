@@ -4,7 +4,9 @@ Inputs (baseline and candidate must be the same kind):
 
 * an evaluate summary — `eval/summary.json` from `autospec evaluate`, or a run directory holding one.
   Entries are its strategies; each metric is `{mean, ci_low, ci_high}` (a 95% bootstrap CI across
-  repeats, `autospec.serving.metrics`). Default metric: goodput.
+  repeats, `autospec.serving.metrics`). Default metric: capacity at the SLO (`capacity_rps`, what a
+  simulated evaluation reports: `autospec.serving.capacity`); goodput when either file has no capacity
+  (a real engine's evaluation, or one run with --no-capacity), and the verdict says so.
 * a benchmark result — a JSON object with a `benchmark` name, as the scripts in `benchmarks/` write
   (`benchmarks/results/*.json`). Entries are the elements of `rows`, each named by its identity fields
   (its string/int/bool fields that are not metrics: `batch=1 k=4`, `strategy=adaspec batch=64`); a
@@ -61,7 +63,10 @@ FAILING: tuple[str, ...] = ("missing", "regression", "collapse")
 METRICS: dict[str, Direction] = {
     # evaluate summaries (autospec.serving.metrics)
     "goodput": "higher", "throughput_tok_s": "higher", "request_throughput": "higher",
-    "slo_attainment": "higher", "speedup_vs_no_sd": "higher",
+    "slo_attainment": "higher", "throughput_vs_no_sd": "higher",
+    "capacity_rps": "higher", "capacity_scale": "higher", "capacity_vs_no_sd": "higher",
+    "tpot_speedup_vs_no_sd": "higher", "tpot_p50_speedup_vs_no_sd": "higher",
+    "tpot_p99_speedup_vs_no_sd": "higher", "e2e_speedup_vs_no_sd": "higher",
     "accepted_per_step": "higher", "committed_per_step": "higher", "acceptance_rate": "higher",
     **{f"{lat}_{stat}": "lower" for lat in ("ttft", "tpot", "itl", "e2e") for stat in ("mean", "p50", "p90", "p99")},
     "makespan_s": "lower", "preemptions": "lower",
@@ -71,7 +76,8 @@ METRICS: dict[str, Direction] = {
     "us_per_decision": "lower", "ratio_to_verify_step": "lower",
     "wall_s": "lower", "steps_per_wall_s": "higher", "request_steps_per_wall_s": "higher",
 }
-DEFAULT_SUMMARY_METRIC = "goodput"
+DEFAULT_SUMMARY_METRIC = "capacity_rps"
+FALLBACK_SUMMARY_METRIC = "goodput"  # when either summary has no capacity (a real engine's evaluation)
 DEFAULT_MAX_REGRESSION = 0.05
 DEFAULT_NOISE = 0.03  # [chosen] see the module docstring
 DEFAULT_MAX_ACCEPTANCE_DROP = 0.25  # [chosen]
@@ -433,7 +439,8 @@ def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = No
                 if not any(metric in side.entries[name] for name in shared):
                     raise InputError(f"metric {metric!r} is not in this file", path=side.path, field="metric")
     elif base.kind == "summary":
-        chosen = [DEFAULT_SUMMARY_METRIC]
+        has_capacity = _has(base, shared) and _has(cand, shared)
+        chosen = [DEFAULT_SUMMARY_METRIC if has_capacity else FALLBACK_SUMMARY_METRIC]
     else:
         chosen = list(dict.fromkeys(m for name in shared for m in base.entries[name] if m in cand.entries[name]))
         if not chosen:
@@ -459,7 +466,15 @@ def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = No
         settings=settings, checks=checks,
         only_in_baseline=[n for n in base.entries if n not in cand.entries and (not restrict or n in restrict)],
         only_in_candidate=[n for n in cand.entries if n not in base.entries and (not restrict or n in restrict)],
-        notes=_compat_notes(base, cand))
+        notes=_compat_notes(base, cand) + (
+            [f"{FALLBACK_SUMMARY_METRIC} gated: {'the baseline' if not _has(base, shared) else 'the candidate'} "
+             f"has no {DEFAULT_SUMMARY_METRIC} (an evaluation on a real engine, or with --no-capacity)"]
+            if chosen == [FALLBACK_SUMMARY_METRIC] and not metrics else []))
+
+
+def _has(side: GateInput, shared: Sequence[str]) -> bool:
+    return any((side.entries[name].get(DEFAULT_SUMMARY_METRIC) or Interval(mean=None)).mean is not None
+               for name in shared)
 
 
 def run_gate(baseline: str | Path, candidate: str | Path, **kwargs: Any) -> GateVerdict:

@@ -95,7 +95,8 @@ def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | No
 def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> dict[str, Any]:
     """The tune stage on the run's SLO (the [slo] table: config.SloSpec's default, as evaluate and tune)."""
     tune_spec = TuneSpec(workload=spec.workload, profile=out_dir, trials=spec.tune.trials,
-                         objective=spec.tune.objective, slo=spec.slo, min_attainment=spec.tune.min_attainment,
+                         objective=spec.tune.objective, scope=spec.tune.scope, slo=spec.slo,
+                         min_attainment=spec.tune.min_attainment,
                          strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
                          seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget)
     tick = progress("tune trials", spec.tune.trials) if progress else None

@@ -13,12 +13,24 @@ serially without a split and by FASER's overlapped timing with one (`SimEngine.f
 Candidates [chosen]: every bundled preset except the oracles `oracle` and `oracle-m` (they read the
 future: bounds, not policies)
 and the fixed static-kN presets other than `static-k4`, whose `length.k` range already covers K = 1..8.
+A candidate whose one knob is a small int range (static-k4's K) is swept in full after the defaults
+(`static_sweep`), so the search always contains the best static K.
+
+Scope: `engine` (default) keeps only the candidates the deploy target, vLLM, can run as shipped
+(`autospec.deploy.vllm_config`: no-SD, static K, the per-batch-size K schedule, the online length
+policies it runs through autospec's scheduler; all FCFS) — naming another with --strategies is an input
+error; `all` adds schedulers and per-request policies. Either way `deploy/` holds the best trial vLLM can
+run (`best_deployable` in the summary; the best overall stays in tune/best.toml).
 
 Objectives:
-* `goodput` (default): maximise goodput (requests/s meeting TTFT and TPOT SLOs) subject to SLO
+* `goodput`: maximise goodput (requests/s meeting TTFT and TPOT SLOs) subject to SLO
   attainment ≥ `min_attainment`, a constraint TPE models (`constraints_func`); TPE, seeded. Hopeless
   trials are pruned (MedianPruner) on the goodput of the requests finished so far, reported at every
   tenth of the workload.
+* `capacity` (default): maximise capacity at the SLO (`autospec.serving.capacity`: the highest scale of the
+  workload's arrival rate at which SLO attainment stays ≥ `min_attainment`), TPE, not pruned (a trial
+  is one capacity search, ~10 replays); feasible when some load meets the target. A trial also records
+  the metrics at the workload's own load, as for goodput.
 * `multi`: maximise throughput and minimise p99 TPOT with NSGA-II, seeded; the Pareto front is written.
 
 Every trial replays the workload on the simulator calibrated by the profile's fit — the replay
@@ -62,7 +74,8 @@ from autospec.artifacts import read_parquet, sha256_file, write_json, write_parq
 from autospec.config import SCHEMA_VERSION, PairSpec
 from autospec.deploy import vllm_config, write_deploy
 from autospec.errors import InputError
-from autospec.evaluate import HEADLINE, open_sim_replay, open_torch_replay
+from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay
+from autospec.serving.capacity import CapacitySpec, replay_capacity
 from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
 from autospec.serving.replay import Replay
 from autospec.strategy import (
@@ -92,7 +105,10 @@ class TuneSpec(BaseModel):
     trials: int = Field(40, ge=1)
     storage: str | None = None  # default: sqlite:///<out>/tune/study.db
     study_name: str | None = None  # default: derived from the settings (see the module docstring)
-    objective: Literal["goodput", "multi"] = "goodput"
+    objective: Literal["goodput", "capacity", "multi"] = "capacity"
+    # engine: only what the deploy target (vLLM) can run as shipped; all: schedulers and per-request
+    # policies too (module docstring)
+    scope: Literal["engine", "all"] = "engine"
     slo: Slo = Slo()  # config.SloSpec's default, as evaluate and run
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)  # [chosen] 90% of requests within the SLO
     strategies: list[str] | None = None  # candidates; None = the bundled presets (module docstring)
@@ -110,13 +126,23 @@ class TuneSpec(BaseModel):
 # --- search space ------------------------------------------------------------------------------------
 
 
-def candidate_specs(names: list[str] | None) -> dict[str, StrategySpec]:
+def candidate_specs(names: list[str] | None,
+                    undeployable: Callable[[StrategySpec], str | None] | None = None) -> dict[str, StrategySpec]:
+    """The candidates: `names`, or the bundled presets less EXCLUDED_BY_DEFAULT. With `undeployable`
+    (--scope engine: why the deploy target cannot run a strategy, None when it can) the defaults are
+    filtered by it and a named candidate it refuses is an input error."""
     chosen = names if names is not None else [n for n in list_presets() if n not in EXCLUDED_BY_DEFAULT]
     specs: dict[str, StrategySpec] = {}
     for name in chosen:
         spec = load_preset(name.strip())
         if reads_the_future(spec):
             raise InputError(f"{spec.name} reads the future (an oracle) and cannot be deployed; leave it out of tune",
+                             field="strategies")
+        why = undeployable(spec) if undeployable is not None else None
+        if why is not None:
+            if names is None:
+                continue
+            raise InputError(f"{why} (--scope engine searches what vLLM can run; --scope all searches it too)",
                              field="strategies")
         specs[spec.name] = spec
     if not specs:
@@ -180,6 +206,29 @@ def default_trials(specs: dict[str, StrategySpec], sm_split_axis: bool) -> list[
         if sm_split_axis and spec.length.policy != "none":
             params[f"{name}.execution.sm_split"] = 0.0
         out.append(params)
+    return out + static_sweep(specs, out)
+
+
+SWEEP_MAX = 16  # [chosen] a lone int knob with at most this many values is swept in full
+
+
+def static_sweep(specs: dict[str, StrategySpec], defaults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every other value of a candidate whose one knob is a small int range (static-k4's K = 1..8),
+    enqueued after the defaults: the search then contains the best static K, so the tuned result can
+    never lose to it on the simulator (which deploy/ promises)."""
+    out = []
+    for (name, spec), default in zip(specs.items(), defaults):
+        space = search_space(spec)
+        if len(space) != 1:
+            continue
+        ((dotted, rng),) = space.items()
+        section, _, param = dotted.partition(".")
+        if section == "execution" or isinstance(getattr(spec, section).params.get(param), list):
+            continue  # a per-batch-bucket list is searched per element, not swept
+        if rng.type != "int" or rng.low is None or rng.high is None or rng.high - rng.low >= SWEEP_MAX:
+            continue
+        key = f"{name}.{dotted}"
+        out += [{**default, key: v} for v in range(int(rng.low), int(rng.high) + 1) if default.get(key) != v]
     return out
 
 
@@ -235,6 +284,7 @@ def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
         "profile": str(spec.profile.resolve()), "objective": spec.objective, "slo": spec.slo.model_dump(),
         "min_attainment": spec.min_attainment, "strategies": {n: s.model_dump(mode="json") for n, s in specs.items()},
         "max_batch": spec.max_batch, "k_max": spec.k_max, "seed": spec.seed, "prune": spec.prune,
+        "scope": spec.scope,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"autospec-{spec.workload.stem}-{spec.objective}-{digest}"
@@ -307,16 +357,36 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
         metrics = run_trial(spec, replay, strategy, on_finish=hook)
         for key in HEADLINE:
             value = metrics.get(key)
-            if value is not None and key != "speedup_vs_no_sd":
+            if value is not None and key not in RELATIVE:
                 trial.set_user_attr(key, float(value))
         attainment = metrics["slo_attainment"] or 0.0
         trial.set_user_attr("constraint", [spec.min_attainment - attainment])
         trial.set_constraint("slo_attainment", spec.min_attainment - attainment)
         if spec.objective == "multi":
             return float(metrics["throughput_tok_s"] or 0.0), float(metrics["tpot_p99"] or math.inf)
+        if spec.objective == "capacity":
+            # the load the strategy keeps at min_attainment; feasible when some load does
+            found = replay_capacity(replay, strategy, spec.seed, CapacitySpec(target=spec.min_attainment))
+            trial.set_user_attr("capacity_rps", found.rps)
+            trial.set_user_attr("capacity_scale", found.scale)
+            trial.set_user_attr("capacity_status", found.status)
+            feasible = found.scale > 0
+            trial.set_user_attr("constraint", [0.0 if feasible else 1.0])
+            trial.set_constraint("capacity", 0.0 if feasible else 1.0)
+            return float(found.rps or 0.0)
         return float(metrics["goodput"] or 0.0)
 
     return objective
+
+
+def _undeployable(spec: TuneSpec, k_max: int) -> Callable[[StrategySpec], str | None]:
+    """Why vLLM (the deploy target, `autospec.deploy.vllm_config`) cannot run a strategy as shipped."""
+
+    def why(candidate: StrategySpec) -> str | None:
+        result = vllm_config(candidate, spec.pair, spec.max_batch, k_max=k_max, fit=spec.profile)
+        return None if result["supported"] else "; ".join(result.get("notes", [])) or "not expressible"
+
+    return why
 
 
 def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -325,8 +395,8 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    specs = candidate_specs(spec.strategies)
     replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
+    specs = candidate_specs(spec.strategies, _undeployable(spec, replay.k_max) if spec.scope == "engine" else None)
     sm_axis = profile_has_sm_split(spec.profile)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -366,8 +436,8 @@ def _feasible(trial, spec: TuneSpec) -> bool:
 
 
 def ranked_trials(study, spec: TuneSpec) -> list:
-    """Completed trials, best first: feasible before infeasible, then by goodput (or, for multi, by
-    throughput among the Pareto front first)."""
+    """Completed trials, best first: feasible before infeasible, then by the objective's value (goodput or
+    capacity; for multi, by throughput among the Pareto front first)."""
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -395,22 +465,26 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     importances = param_importances(study, spec)
     confirmed = confirm_on_real_engine(spec, ranked, replay) if spec.confirm_top else []
     tuned = tuned_spec(best_spec, best, spec)
+    # deploy/ holds the best configuration vLLM can run (the best itself under --scope engine)
+    deployable = best_expressible(ranked, spec, replay.k_max)
+    deploy_trial = deployable[2] if deployable is not None else best
+    deployed = tuned if deploy_trial is best else tuned_spec(deployable[0], deploy_trial, spec)  # type: ignore[index]
     summary = {
         "schema_version": SCHEMA_VERSION,
         "study_name": study.study_name,
         "storage": spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}",
         "objective": spec.objective,
-        "direction": "maximize" if spec.objective == "goodput" else None,
+        "direction": "maximize" if spec.objective != "multi" else None,
         "directions": ["maximize", "minimize"] if spec.objective == "multi" else None,
-        "objectives": ["goodput"] if spec.objective == "goodput" else ["throughput_tok_s", "tpot_p99"],
+        "objectives": (["throughput_tok_s", "tpot_p99"] if spec.objective == "multi"
+                       else ["capacity_rps" if spec.objective == "capacity" else "goodput"]),
         "slo": spec.slo.model_dump(), "min_attainment": spec.min_attainment,
         "workload": str(spec.workload), "profile": str(spec.profile), "max_batch": spec.max_batch,
         "trials": {state: int(n) for state, n in frame["state"].value_counts().items()},
-        "best": {"number": best.number, "strategy": best.params["strategy"], "name": tuned.name,
-                 "params": {k: v for k, v in best.params.items() if k != "strategy"},
-                 "value": best.value if spec.objective == "goodput" else list(best.values),
-                 "feasible": _feasible(best, spec),
-                 "metrics": {k: best.user_attrs.get(k) for k in HEADLINE if k in best.user_attrs}},
+        "scope": spec.scope,
+        "best": _trial_summary(best, tuned, spec),
+        # the best trial vLLM can run as shipped: what deploy/ holds (None: no trial can be deployed)
+        "best_deployable": _trial_summary(deploy_trial, deployed, spec) if deployable is not None else None,
         "param_importances": importances,
         "confirmed": confirmed,
         # this invocation: the trials the study gained while it ran (other workers' on a shared storage
@@ -418,16 +492,20 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
         "run": budget or {},
     }
     write_text(out_dir / "tune" / "best.toml", spec_to_toml(tuned))
-    summary["deploy"] = write_deploy(out_dir / "deploy", tuned, spec.pair, spec.max_batch,
-                                     fallback=best_expressible(ranked, spec, replay.k_max),
+    summary["deploy"] = write_deploy(out_dir / "deploy", deployed, spec.pair, spec.max_batch,
                                      k_max=replay.k_max, fit=spec.profile)
+    if deploy_trial is not best:
+        summary["deploy"]["notes"].insert(0, (
+            f"the best strategy found, {tuned.name} (trial {best.number}, {_value_text(best, spec)}), is not "
+            f"deployable on vLLM: it is in tune/best.toml; deploy/ holds the best deployable one, {deployed.name} "
+            f"(trial {deploy_trial.number}, {_value_text(deploy_trial, spec)})"))
     write_json(out_dir / "tune" / "summary.json", summary)
     return summary
 
 
 def trials_frame(study, spec: TuneSpec) -> pd.DataFrame:
     """tune/trials.parquet: Optuna's trials table in plain parquet types, plus `feasible`."""
-    frame = study.trials_dataframe(attrs=("number", "value" if spec.objective == "goodput" else "values",
+    frame = study.trials_dataframe(attrs=("number", "value" if spec.objective != "multi" else "values",
                                           "state", "datetime_start", "datetime_complete", "duration",
                                           "params", "user_attrs"))
     frame = frame.drop(columns=[c for c in frame.columns if c in ("user_attrs_spec", "user_attrs_constraint")])
@@ -457,7 +535,7 @@ def param_importances(study, spec: TuneSpec) -> dict[str, float]:
     try:
         import optuna
 
-        target = None if spec.objective == "goodput" else (lambda t: t.values[0])
+        target = None if spec.objective != "multi" else (lambda t: t.values[0])
         with warnings.catch_warnings():  # "importances will be equal" on a flat study: the numbers say so
             warnings.simplefilter("ignore", UserWarning)
             importances = {k: float(v) for k, v in optuna.importance.get_param_importances(
@@ -476,15 +554,28 @@ def tuned_spec(best_spec: StrategySpec, best, spec: TuneSpec) -> StrategySpec:
                           or "its preset values")})})
 
 
-def best_expressible(ranked: list, spec: TuneSpec, k_max: int) -> tuple[StrategySpec, str] | None:
-    """The best-ranked trial whose strategy vLLM can run, for deploy/ when the best one cannot
-    (online length policies run there with the trials' K_max and the profile's fit)."""
+def best_expressible(ranked: list, spec: TuneSpec, k_max: int) -> tuple[StrategySpec, str, Any] | None:
+    """(spec, where it came from, trial) of the best-ranked trial whose strategy vLLM can run — deploy/'s
+    (online length policies run there with the trials' K_max and the profile's fit); None when none can."""
     for trial in ranked:
         candidate = StrategySpec.model_validate(trial.user_attrs["spec"])
         if vllm_config(candidate, spec.pair, spec.max_batch, k_max=k_max, fit=spec.profile)["supported"]:
-            value = trial.value if spec.objective == "goodput" else trial.values[0]
-            return candidate, f"tune trial {trial.number}, objective {value:.4g}"
+            return candidate, f"tune trial {trial.number}, {_value_text(trial, spec)}", trial
     return None
+
+
+def _value_text(trial, spec: TuneSpec) -> str:
+    value = trial.value if spec.objective != "multi" else trial.values[0]
+    return f"{'capacity' if spec.objective == 'capacity' else 'objective'} {value:.4g}"
+
+
+def _trial_summary(trial, preset: StrategySpec, spec: TuneSpec) -> dict[str, Any]:
+    """A trial as tune/summary.json reports it (best, best_deployable)."""
+    return {"number": trial.number, "strategy": trial.params["strategy"], "name": preset.name,
+            "params": {k: v for k, v in trial.params.items() if k != "strategy"},
+            "value": trial.value if spec.objective != "multi" else list(trial.values),
+            "feasible": _feasible(trial, spec),
+            "metrics": {k: trial.user_attrs.get(k) for k in HEADLINE if k in trial.user_attrs}}
 
 
 def _shared_params(study) -> list[str]:

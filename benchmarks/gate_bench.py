@@ -18,7 +18,7 @@ Why the simulator and a committed profile: CI machines differ and are noisy, so 
 or a profile measured on the CI runner would move with the runner, not with the code. The simulator
 given a profile, a workload and a seed is deterministic, so on an unchanged tree the run reproduces the
 baseline (up to floating-point last digits across platforms, which the gate's noise floor absorbs),
-and a change to the serving loop, a policy, the simulator, the fit or the metrics that moves goodput
+and a change to the serving loop, a policy, the simulator, the fit or the metrics that moves capacity, goodput
 or acceptance shows up as a change of the summary. What it cannot see is a change in real engine
 speed: that is `benchmarks/engine_speed.py`'s job, gated by hand on one machine.
 """

@@ -222,7 +222,8 @@ def run_all(papers: list[str], sizes: Sizes, profile: Path, work: Path, keep: Pa
             wl = workload_file(key, sizes, big, work / label)
             t1 = time.perf_counter()
             spec = EvaluateSpec(workload=wl, strategies=strategies, engine=engine, profile=profile, max_batch=8,
-                                k_max=8, seed=0, repeats=real_repeats if engine == "torch" else 1)
+                                k_max=8, seed=0, repeats=real_repeats if engine == "torch" else 1,
+                                capacity=None)  # each claim's own metric at each rate; no capacity search
             out_dir = None if keep is None else keep / label / wl.stem
             done = finished(out_dir, spec) if resume and out_dir is not None else None
             out[label][key] = done if done is not None else run_evaluate(spec, out_dir)

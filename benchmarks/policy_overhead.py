@@ -87,8 +87,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from autospec.artifacts import hardware_info, write_json
-    from autospec.fit import FittedSimEngine
     from autospec.engines.torch_engine import TorchSDEngine
+    from autospec.fit import FittedSimEngine
     from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
     from autospec.serving.factory import quick_latency_model
     from autospec.strategy import build_strategy, list_presets, load_preset

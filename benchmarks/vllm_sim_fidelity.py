@@ -73,7 +73,9 @@ def main() -> None:
     profile_s = time.perf_counter() - t0
     autospec("fit", str(run_dir))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    common = dict(workload=workload, strategies=strategies, profile=run_dir, max_batch=args.max_batch)
+    # at the workload's own load on both engines (capacity is searched on the simulator only)
+    common = dict(workload=workload, strategies=strategies, profile=run_dir, max_batch=args.max_batch,
+                  capacity=None)
     t1 = time.perf_counter()
     real_result = run_evaluate(EvaluateSpec(engine="vllm", repeats=args.repeats, **common), run_dir / "vllm")
     vllm_s = time.perf_counter() - t1

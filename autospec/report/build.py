@@ -31,10 +31,19 @@ from autospec.errors import InputError
 from autospec.report import figures as F
 
 # Columns of the strategy table: summary.json metric key, header.
-TABLE_METRICS = (("goodput", "goodput (req/s)"), ("throughput_tok_s", "throughput (tok/s)"),
-                 ("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"), ("tpot_mean", "TPOT mean (s)"),
-                 ("tpot_p99", "TPOT p99 (s)"), ("slo_attainment", "SLO attainment"),
-                 ("acceptance_rate", "acceptance rate"), ("speedup_vs_no_sd", "speed-up vs baseline"))
+TABLE_METRICS = (("capacity_rps", "capacity at SLO (req/s)"), ("capacity_vs_no_sd", "capacity × no-SD"),
+                 ("tpot_speedup_vs_no_sd", "decode speed (1/TPOT) × no-SD"),
+                 ("tpot_p99_speedup_vs_no_sd", "p99 decode speed × no-SD"), ("e2e_speedup_vs_no_sd", "E2E × no-SD"),
+                 ("slo_attainment", "SLO attainment"), ("goodput", "goodput (req/s)"),
+                 ("tpot_mean", "TPOT mean (s)"), ("tpot_p99", "TPOT p99 (s)"), ("ttft_p50", "TTFT p50 (s)"),
+                 ("ttft_p99", "TTFT p99 (s)"), ("acceptance_rate", "acceptance rate"),
+                 ("throughput_tok_s", "open-loop throughput (tok/s)"),
+                 ("throughput_vs_no_sd", "open-loop throughput × no-SD (set by the arrival rate)"))
+CAPACITY_TEXT = ("Capacity at the SLO: the highest arrival rate — the workload's own arrival process sped up "
+                 "or slowed down — at which SLO attainment stays at or above the target, found by bisection on "
+                 "the simulator (the bracket and every probe are in eval/summary.json). Decode speed is 1/TPOT "
+                 "per request, relative to no-SD at the same load. Open-loop throughput is set by the arrival "
+                 "rate: it stays near no-SD's whenever the engine keeps up, whatever SD does.")
 SIM_METRICS = {"tpot_mean": "mean TPOT (s)", "throughput_tok_s": "throughput (tok/s)", "tpot_p99": "p99 TPOT (s)"}
 
 
@@ -229,8 +238,19 @@ def best_table(summary: Mapping) -> dict | None:
     best = summary.get("best")
     if not isinstance(best, Mapping):
         return None
-    rows = [["strategy", _num(best.get("strategy"))], ["objective value", _num(best.get("value"))]]
+    objectives = summary.get("objectives") or ["objective"]
+    label = {"capacity_rps": "capacity at the SLO (req/s)", "goodput": "goodput (req/s)"}.get(objectives[0],
+                                                                                            objectives[0])
+    rows = [["strategy", _num(best.get("strategy"))],
+            [label if len(objectives) == 1 else "objective values", _num(best.get("value"))]]
     rows += [[f"param: {k}", _num(v)] for k, v in (best.get("params") or {}).items()]
+    deployable = summary.get("best_deployable")
+    if isinstance(deployable, Mapping) and deployable.get("number") != best.get("number"):
+        rows += [["best deployable on vLLM (deploy/)", _num(deployable.get("name"))],
+                 ["its objective value", _num(deployable.get("value"))]]
+        rows += [[f"its param: {k}", _num(v)] for k, v in (deployable.get("params") or {}).items()]
+    elif summary.get("scope"):
+        rows.append(["deployable on vLLM (deploy/)", "yes" if deployable else "no trial is"])
     return {"columns": ["item", "value"], "rows": rows}
 
 
@@ -262,7 +282,9 @@ def build_sections(data: RunData) -> list[dict]:
                  for name, lines in (s.get("findings") or {}).items() for line in lines]
         add(f"Strategies — {ev.title}", [
             {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)}, *found,
-            fig(F.speedup_bars(s, ev.title)), fig(F.latency_cdfs(ev.requests, ev.title)),
+            {"kind": "text", "text": CAPACITY_TEXT} if s.get("capacity") else None,
+            fig(F.speedup_bars(s, ev.title)), fig(F.attainment_vs_load(s, ev.title)),
+            fig(F.latency_cdfs(ev.requests, ev.title)),
             fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
     pairs = sim_real_pairs(data.evals)
     if pairs:
@@ -321,8 +343,10 @@ def render_summary(data: RunData) -> str:
         w = s.get("workload") or {}
         lines += [f"## Strategies — {_md(ev.title)}", "",
                   f"Workload {_md(w.get('name') or w.get('path') or '?')}, {_num(s.get('repeats'))} repeat(s); "
-                  f"mean [95% CI]; speed-up over {_md(s.get('baseline', 'no-sd'))}.", ""]
+                  f"mean [95% CI]; ratios are over {_md(s.get('baseline', 'no-sd'))}.", ""]
         lines += _md_table(strategy_table(s))
+        if s.get("capacity"):
+            lines += [_md(CAPACITY_TEXT), ""]
         lines += [f"**Finding — {_md(name)}:** {_md(line)}\n" for name, lines_ in (s.get("findings") or {}).items()
                   for line in lines_]
     pairs = sim_real_pairs(data.evals)

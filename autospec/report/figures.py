@@ -51,23 +51,57 @@ def _cell(metrics: Mapping[str, Any], key: str) -> dict | None:
 
 
 def speedup_bars(summary: Mapping[str, Any], label: str) -> go.Figure | None:
-    """Speed-up over the baseline per strategy with its confidence interval."""
+    """Per strategy relative to the baseline with its confidence interval: per-user decode speed
+    (1/mean TPOT) and, on the simulator, capacity at the SLO."""
     strategies = summary.get("strategies") or {}
-    rows = [(n, c) for n, m in strategies.items() if (c := _cell(m, "speedup_vs_no_sd"))]
-    if not rows:
+    base = esc(summary.get("baseline", "no-sd"))
+    fig = go.Figure()
+    # one colour per measure (the strategies are the x axis)
+    for (key, name), color in zip((("tpot_speedup_vs_no_sd", "decode speed (1/TPOT)"),
+                                   ("capacity_vs_no_sd", "capacity at SLO")), PALETTE):
+        rows = [(n, c) for n, m in strategies.items() if (c := _cell(m, key))]
+        if not rows:
+            continue
+        names = [n for n, _ in rows]
+        mean = np.array([c["mean"] for _, c in rows], float)
+        low = np.array([c["ci_low"] if c.get("ci_low") is not None else c["mean"] for _, c in rows], float)
+        high = np.array([c["ci_high"] if c.get("ci_high") is not None else c["mean"] for _, c in rows], float)
+        fig.add_trace(go.Bar(x=[esc(n) for n in names], y=mean, name=name, marker_color=color,
+                             error_y={"type": "data", "array": high - mean, "arrayminus": mean - low},
+                             text=[f"{m:.2f}×" for m in mean], textposition="outside",
+                             hovertemplate=f"%{{x}}: %{{y:.3f}}× ({name})<extra></extra>"))
+    if not fig.data:
         return None
-    names = [n for n, _ in rows]
-    mean = np.array([c["mean"] for _, c in rows], float)
-    low = np.array([c["ci_low"] if c.get("ci_low") is not None else c["mean"] for _, c in rows], float)
-    high = np.array([c["ci_high"] if c.get("ci_high") is not None else c["mean"] for _, c in rows], float)
-    cmap = colors(list(strategies))
-    fig = go.Figure(go.Bar(x=[esc(n) for n in names], y=mean, marker_color=[cmap[n] for n in names],
-                           error_y={"type": "data", "array": high - mean, "arrayminus": mean - low},
-                           text=[f"{m:.2f}×" for m in mean], textposition="outside",
-                           hovertemplate="%{x}: %{y:.3f}×<extra></extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_yaxes(title=f"throughput speed-up over {esc(summary.get('baseline', 'no-sd'))}")
-    return _layout(fig, f"Speed-up over {esc(summary.get('baseline', 'no-sd'))} (95% CI) — {esc(label)}", 380)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title=f"× {base}")
+    return _layout(fig, f"Decode speed and capacity over {base} (95% CI) — {esc(label)}", 380)
+
+
+def attainment_vs_load(summary: Mapping[str, Any], label: str) -> go.Figure | None:
+    """SLO attainment against the arrival rate per strategy: the capacity search's probes (first repeat)."""
+    capacity = summary.get("capacity") or {}
+    per_strategy = capacity.get("strategies") or {}
+    rate = ((summary.get("workload") or {}).get("mean_rate_per_s")) or None
+    if not per_strategy:
+        return None
+    cmap = colors(list(summary.get("strategies") or per_strategy))
+    fig = go.Figure()
+    for name, runs in per_strategy.items():
+        if not runs:
+            continue
+        probes = sorted(runs[0]["probes"])
+        x = [p[0] * rate if rate else p[0] for p in probes]
+        fig.add_trace(go.Scatter(x=x, y=[p[1] for p in probes], mode="lines+markers", name=esc(name),
+                                 line={"color": cmap.get(name)},
+                                 hovertemplate=f"{esc(name)}: %{{y:.1%}} at %{{x:.3g}}<extra></extra>"))
+    target = (capacity.get("spec") or {}).get("target")
+    if target is not None:
+        fig.add_hline(y=target, line_dash="dot", line_color="grey",
+                      annotation_text=f"target {target:.0%}", annotation_position="bottom right")
+    fig.update_xaxes(title="arrival rate (req/s)" if rate else "scale of the workload's arrival rate", type="log")
+    fig.update_yaxes(title="SLO attainment", tickformat=".0%", range=[0, 1.05])
+    return _layout(fig, f"SLO attainment vs load (capacity search, simulator) — {esc(label)}", 420)
 
 
 def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,12 @@ Definitions (times in seconds, per request unless pooled):
 * acceptance_rate = Σ accepted / Σ verified; None when nothing was verified (no-SD).
 * per-position acceptance α_j = P(draft j accepted | draft j verified and drafts 1..j−1 accepted):
   the chance a verified draft at position j survives once verification reaches it.
-* speedup_vs_no_sd = throughput_tok_s / the no-SD run's throughput_tok_s (same repeat index).
+* Relative to no-SD (`autospec.evaluate.RELATIVE`, same repeat index; above 1 is better than no-SD):
+  tpot_speedup_vs_no_sd = no-SD's mean TPOT / the strategy's (per-user decode speed 1/TPOT; also at
+  p50 and p99), e2e_speedup_vs_no_sd likewise for mean E2E, capacity_vs_no_sd = capacity at the SLO
+  over no-SD's (`autospec.serving.capacity`, simulator only), and throughput_vs_no_sd = throughput_tok_s
+  over no-SD's — an open-loop replay's throughput is set by the arrival rate, so this one stays near 1
+  whenever the engine keeps up with the load, whatever SD does.
 
 Across repeats every metric is a list of per-repeat values; `bootstrap_ci` gives their mean and a 95%
 percentile-bootstrap CI of that mean (scipy.stats.bootstrap). With one repeat the CI is the value

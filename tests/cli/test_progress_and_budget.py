@@ -22,7 +22,7 @@ from autospec.progress import Reporter, format_duration, parse_duration
 from stage_helpers import synthetic_workload, write_synthetic_run
 
 LINE = re.compile(r"^tune: (\d+)/(\d+) trials, \S+ elapsed, ETA \S+$")
-FEW = "no-sd,static-k2,k-schedule,lp-sjf"
+FEW = "no-sd,static-k2,k-schedule,static-k4"  # all deployable on vLLM: tune's default --scope engine
 ASKED = 2000  # far more trials than a 1 s budget can hold: each is a simulated replay + a database commit
 
 

@@ -73,16 +73,32 @@ def test_identical_runs_pass(runs, tmp_path):
     assert {c.strategy for c in verdict.checks} == {"no-sd", SD}
 
 
-def test_planted_20pct_goodput_regression_fails(runs, tmp_path):
+def test_planted_20pct_capacity_regression_fails(runs, tmp_path):
     a, _ = runs
-    cand = _plant(tmp_path, _summary(a), goodput=0.8)
+    cand = _plant(tmp_path, _summary(a), capacity_rps=0.8)
     res = gate_cli("--baseline", str(a), "--candidate", str(cand))
     assert res.exit_code == 1, res.output
     assert "FAIL" in res.output and "REGRESSION" in res.output
-    verdict = run_gate(a, cand)
+    verdict = run_gate(a, cand)  # the default metric: capacity at the SLO
     (bad,) = [c for c in verdict.checks if c.failed]
-    assert (bad.strategy, bad.metric, bad.status) == (SD, "goodput", "regression")
+    assert (bad.strategy, bad.metric, bad.status) == (SD, "capacity_rps", "regression")
     assert bad.change == pytest.approx(-0.2)
+
+
+def test_without_capacity_the_gate_falls_back_to_goodput_and_says_so(runs, tmp_path):
+    """A real engine's evaluation has no capacity: the default metric is then goodput, named in a note."""
+    a, _ = runs
+    real_like = _summary(a)
+    for metrics in real_like["strategies"].values():
+        metrics["capacity_rps"] = {"mean": None, "ci_low": None, "ci_high": None}
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(real_like))
+    cand = _plant(tmp_path, real_like, goodput=0.8)
+    verdict = run_gate(base, cand)
+    (bad,) = [c for c in verdict.checks if c.failed]
+    assert (bad.metric, bad.status) == ("goodput", "regression")
+    assert any("goodput gated" in note and "no capacity_rps" in note for note in verdict.notes)
+    assert run_gate(a, _plant(tmp_path, _summary(a), "g.json", goodput=0.8)).passed  # capacity unchanged
 
 
 def test_lower_is_better_metrics_regress_upwards(runs, tmp_path):
@@ -94,7 +110,7 @@ def test_lower_is_better_metrics_regress_upwards(runs, tmp_path):
     assert res.exit_code == 0 and "improved" in res.output
 
 
-def test_planted_acceptance_collapse_fails_even_with_goodput_unchanged(runs, tmp_path):
+def test_planted_acceptance_collapse_fails_even_with_capacity_unchanged(runs, tmp_path):
     a, _ = runs
     s = _summary(a)
     acc = s["strategies"][SD]["accepted_per_step"]["mean"]
@@ -106,7 +122,7 @@ def test_planted_acceptance_collapse_fails_even_with_goodput_unchanged(runs, tmp
     assert "COLLAPSE" in res.output
     verdict = run_gate(a, cand)
     statuses = {(c.metric, c.kind): c.status for c in verdict.checks if c.strategy == SD}
-    assert statuses == {("goodput", "metric"): "pass", ("accepted_per_step", "collapse"): "collapse"}
+    assert statuses == {("capacity_rps", "metric"): "pass", ("accepted_per_step", "collapse"): "collapse"}
     # a drop well past 25% that stays above the τ floor is a collapse too; a small one is not
     halved = _plant(tmp_path, s, "halved.json", accepted_per_step=0.5)
     assert run_gate(a, halved).checks[-1].status == "collapse"
@@ -117,13 +133,13 @@ def test_change_inside_the_noise_band_is_ignored(runs, tmp_path):
     a, _ = runs
     s = _summary(a)
     for factor in (0.98, 0.985, 1.02):
-        cand = _plant(tmp_path, s, f"c{factor}.json", goodput=factor)
+        cand = _plant(tmp_path, s, f"c{factor}.json", capacity_rps=factor)
         assert gate_cli("--baseline", str(a), "--candidate", str(cand)).exit_code == 0
     # even under a 1% threshold a 2% dip stays inside the noise (CI + 3% floor) and is reported as such
-    cand = _plant(tmp_path, s, "dip.json", goodput=0.98)
+    cand = _plant(tmp_path, s, "dip.json", capacity_rps=0.98)
     verdict = run_gate(a, cand, max_regression=0.01)
     assert verdict.passed
-    assert [c.status for c in verdict.checks if c.metric == "goodput" and c.strategy == SD] == ["within noise"]
+    assert [c.status for c in verdict.checks if c.metric == "capacity_rps" and c.strategy == SD] == ["within noise"]
 
 
 def test_single_repeat_uses_the_noise_floor(runs, tmp_path):
@@ -133,10 +149,10 @@ def test_single_repeat_uses_the_noise_floor(runs, tmp_path):
         m["ci_low"] = m["ci_high"] = m["mean"]
     base = tmp_path / "one.json"
     base.write_text(json.dumps(s))
-    dip = _plant(tmp_path, s, goodput=0.975)  # 2.5%: past a 2% threshold, inside the 3% floor
+    dip = _plant(tmp_path, s, capacity_rps=0.975)  # 2.5%: past a 2% threshold, inside the 3% floor
     assert run_gate(base, dip, max_regression=0.02).passed
     assert not run_gate(base, dip, max_regression=0.02, noise=0.01).passed
-    assert not run_gate(base, _plant(tmp_path, s, "y.json", goodput=0.8)).passed
+    assert not run_gate(base, _plant(tmp_path, s, "y.json", capacity_rps=0.8)).passed
 
 
 def test_independent_seeds_pass_on_every_headline_metric(runs):

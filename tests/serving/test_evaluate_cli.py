@@ -53,7 +53,7 @@ def test_evaluate_smoke_writes_the_three_files(tmp_path, workload, tiny_pair):
                   "--out", str(out), "--repeats", "2", "--max-batch", "2", "--k-max", "4",
                   "--target", str(target), "--draft", str(draft))
     assert res.returncode == 0, res.stderr
-    assert "speedup_vs_no_sd" in res.stdout  # the rich table
+    assert "decode" in res.stdout and "×no-SD" in res.stdout  # the rich table, strategies as rows
     summary = json.loads((out / "eval" / "summary.json").read_text())
     assert summary["schema_version"] == 1
     assert set(summary["strategies"]) == {"no-sd", "static-k2", "las"}
@@ -66,7 +66,9 @@ def test_evaluate_smoke_writes_the_three_files(tmp_path, workload, tiny_pair):
             assert set(metrics[key]) == {"mean", "ci_low", "ci_high"}, (name, key)
         assert metrics["throughput_tok_s"]["ci_low"] <= metrics["throughput_tok_s"]["mean"] \
             <= metrics["throughput_tok_s"]["ci_high"]
-    assert summary["strategies"]["no-sd"]["speedup_vs_no_sd"]["mean"] == pytest.approx(1.0)
+    for ratio in ("throughput_vs_no_sd", "tpot_speedup_vs_no_sd", "e2e_speedup_vs_no_sd"):
+        assert summary["strategies"]["no-sd"][ratio]["mean"] == pytest.approx(1.0)
+    assert summary["strategies"]["static-k2"]["capacity_rps"]["mean"] is None and summary["capacity"] is None
     assert summary["strategies"]["no-sd"]["acceptance_rate"]["mean"] is None
     assert 0.0 <= summary["strategies"]["static-k2"]["acceptance_rate"]["mean"] <= 1.0
 

@@ -48,7 +48,7 @@ def tune_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 def base_args(setup, out: Path, trials: int, *extra: str) -> list[str]:
     run, workload = setup
     return ["--workload", str(workload), "--profile", str(run), "--out", str(out), "--trials", str(trials),
-            "--strategies", FEW, "--slo-ttft", "0.5", "--slo-tpot", "0.02", *extra]
+            "--strategies", FEW, "--scope", "all", "--slo-ttft", "0.5", "--slo-tpot", "0.02", *extra]
 
 
 def study_of(out: Path) -> optuna.Study:
@@ -212,12 +212,10 @@ def test_deploy_configs_for_schedule_static_and_unsupported(tmp_path):
     write_deploy(tmp_path / "z", zero, pair, 8, validate=False)
     assert json.loads((tmp_path / "z" / CONFIG_FILE).read_text()) == {}  # no SD: start vLLM without one
 
-    info = write_deploy(tmp_path / "b", load_preset("adaspec"), pair, 8, validate=False,
-                        fallback=(load_preset("static-k3"), "tune trial 7"))
+    info = write_deploy(tmp_path / "b", load_preset("adaspec"), pair, 8, validate=False)
     bad = json.loads((tmp_path / "b" / CONFIG_FILE).read_text())
     assert info["vllm_supported"] is False and bad["supported"] is False
-    assert "adaspec" in bad["notes"][0]
-    assert bad["fallback"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert "adaspec" in bad["notes"][0] and set(bad) == {"supported", "strategy", "notes"}
     assert "not expressible" in (tmp_path / "b" / "README.md").read_text()
 
 
@@ -269,3 +267,33 @@ def test_opening_a_fresh_shared_storage_retries_the_table_creation_race(tmp_path
     monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
     with pytest.raises(InputError, match="cannot open the Optuna storage: .*permission denied"):
         tune_module.open_study(spec, tmp_path / "other", {})
+
+
+def test_scope_engine_searches_what_vllm_runs_and_deploys_the_best_deployable(setup, tmp_path):
+    """--scope engine (the default) drops what vLLM cannot run and refuses it by name; --scope all may
+    find a better scheduler, but deploy/ still holds the best trial vLLM can run, and the sweep of
+    static-k4's K means no static K is left untried."""
+    run, workload = setup
+    common = ["--workload", str(workload), "--profile", str(run), "--slo-ttft", "0.5", "--slo-tpot", "0.02"]
+    refused = tune_cli(*common, "--out", str(tmp_path / "r"), "--trials", "2", "--strategies", "static-k4,lp-sjf")
+    assert refused.returncode == 2 and "lp-sjf" in refused.stderr and "--scope all" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+    out = tmp_path / "all"
+    res = tune_cli(*common, "--out", str(out), "--trials", "12", "--strategies", "lp-sjf,static-k4",
+                   "--scope", "all", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    trials = pd.read_parquet(out / "tune" / "trials.parquet")
+    ks = set(trials.loc[trials["params_strategy"] == "static-k4", "params_static-k4.length.k"].astype(int))
+    assert ks == set(range(1, 9))  # every static K was tried
+    deployable = summary["best_deployable"]
+    assert deployable["strategy"] == "static-k4" and summary["deploy"]["strategy"] == deployable["name"]
+    assert summary["deploy"]["vllm_supported"] is True
+    static = trials[(trials["params_strategy"] == "static-k4") & trials["feasible"]]
+    assert deployable["value"] == pytest.approx(static["value"].max())  # the best static K found
+    assert json.loads((out / "deploy" / CONFIG_FILE).read_text())["num_speculative_tokens"] == \
+        deployable["params"]["static-k4.length.k"]
+    if summary["best"]["number"] != deployable["number"]:  # a scheduler won: named, not deployed
+        assert summary["best"]["strategy"] == "lp-sjf"
+        assert "not deployable on vLLM" in summary["deploy"]["notes"][0]

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from autospec.config import SloSpec
-from autospec.evaluate import HEADLINE
+from autospec.evaluate import HEADLINE, RELATIVE
 from autospec.fit import fit_profile, write_fit
 
 from stage_helpers import K_MAX, synthetic_workload, write_synthetic_run
@@ -49,7 +49,8 @@ def test_a_tune_trial_scores_what_evaluate_on_the_simulator_measures(tmp_path, e
     assert tuned["slo"] == evaluated["slo"] == default_slo  # one default for run, tune and evaluate
     trial = tuned["best"]["metrics"]
     measured = {key: evaluated["strategies"][STRATEGY][key]["mean"] for key in HEADLINE}
-    compared = [k for k in HEADLINE if k != "speedup_vs_no_sd"]  # tune has no no-SD run to divide by
+    # tune has no no-SD run to divide by; the default objective (capacity) searches what evaluate does
+    compared = [k for k in HEADLINE if k not in RELATIVE]
     assert set(trial) == {k for k in compared if measured[k] is not None}
     for key in compared:
         if measured[key] is None:
@@ -84,3 +85,22 @@ def test_the_pruning_signal_counts_the_requests_the_metrics_count_as_meeting_the
     assert hook.finished == len(replay.requests) == 60
     assert 0 < hook.met < hook.finished
     assert hook.met == round(metrics["slo_attainment"] * hook.finished)
+
+
+def test_a_capacity_trial_scores_the_capacity_evaluate_reports(tmp_path):
+    """--objective capacity: a trial's value is the capacity at the SLO `evaluate --engine sim` reports for
+    the same strategy (one search, one definition), with --min-attainment as the attainment target."""
+    run = write_synthetic_run(tmp_path / "profiled", engine="torch")
+    write_fit(run, fit_profile(run))
+    workload = tmp_path / "w.toml"
+    workload.write_text(WORKLOAD)
+    common = ["--workload", str(workload), "--profile", str(run), "--seed", "0", "--max-batch", "4"]
+    tuned = cli("tune", *common, "--out", str(tmp_path / "tune"), "--trials", "1", "--strategies", STRATEGY,
+                "--objective", "capacity", "--min-attainment", "0.8")
+    evaluated = cli("evaluate", *common, "--out", str(tmp_path / "eval"), "--engine", "sim", "--strategies",
+                    STRATEGY, "--k-max", str(K_MAX), "--capacity-target", "0.8")
+    capacity = evaluated["strategies"][STRATEGY]["capacity_rps"]["mean"]
+    assert capacity is not None and capacity > 0
+    assert tuned["objective"] == "capacity" and tuned["objectives"] == ["capacity_rps"]
+    assert tuned["best"]["value"] == pytest.approx(capacity, rel=1e-12)
+    assert tuned["best"]["metrics"]["capacity_rps"] == pytest.approx(capacity, rel=1e-12)

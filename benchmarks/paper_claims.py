@@ -266,20 +266,35 @@ def best_static(result: EvalResult, name: str) -> tuple[str, float]:
     return max(((s, metric(result, s, name)) for s in STATIC), key=lambda p: p[1])
 
 
+def versus_best_static(r: EvalResult, name: str, measure: str) -> dict[str, Any]:
+    """`name`'s `measure` against the best static K's on one run: {best_static, <name>_<measure>,
+    best_static_<measure>, ratio}."""
+    ref, ref_value = best_static(r, measure)
+    value = metric(r, name, measure)
+    return {f"{name}_{measure}": value, "best_static": ref, f"best_static_{measure}": ref_value,
+            "ratio": ratio(value, ref_value)}
+
+
+def rate_points(runs: dict[Key, EvalResult], sizes: Sizes, name: str, measure: str,
+                extra: Callable[[EvalResult, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per Poisson rate: `name` against the best static K on `measure`, `extra(run, best static K)` and
+    what `name` drafted and verified."""
+    points = []
+    for rate in sizes.rates:
+        r = runs[("poisson", rate)]
+        versus = versus_best_static(r, name, measure)
+        points.append({"rate": rate, **versus, **extra(r, versus["best_static"]), **drafted(r, name)})
+    return points
+
+
 def outcome_of(passed: list[bool]) -> Outcome:
     return "holds" if all(passed) else "fails" if not any(passed) else "partly"
 
 
 def adaspec_claim(runs: dict[Key, EvalResult], sizes: Sizes) -> EngineFigure:
-    points = []
-    for rate in sizes.rates:
-        r = runs[("poisson", rate)]
-        ref, ref_g = best_static(r, "goodput")
-        g = metric(r, "adaspec", "goodput")
-        points.append({"rate": rate, "adaspec_goodput": g, "best_static": ref, "best_static_goodput": ref_g,
-                       "ratio": ratio(g, ref_g), "adaspec_slo_attainment": metric(r, "adaspec", "slo_attainment"),
-                       "best_static_slo_attainment": metric(r, ref, "slo_attainment"),
-                       "no_sd_goodput": metric(r, "no-sd", "goodput"), **drafted(r, "adaspec")})
+    points = rate_points(runs, sizes, "adaspec", "goodput", lambda r, ref: {
+        "adaspec_slo_attainment": metric(r, "adaspec", "slo_attainment"),
+        "best_static_slo_attainment": metric(r, ref, "slo_attainment"), "no_sd_goodput": metric(r, "no-sd", "goodput")})
     ratios = [p["ratio"] for p in points]
     above, below = [x >= 1 + TIE for x in ratios], [x < 1 - TIE for x in ratios]
     outcome: Outcome = "fails" if not any(above) else "partly" if any(below) else "holds"
@@ -289,17 +304,9 @@ def adaspec_claim(runs: dict[Key, EvalResult], sizes: Sizes) -> EngineFigure:
 
 
 def dsde_claim(runs: dict[Key, EvalResult], sizes: Sizes) -> EngineFigure:
-    points = []
-    for rate in sizes.rates:
-        r = runs[("poisson", rate)]
-        ref, ref_t = best_static(r, "throughput_tok_s")
-        t = metric(r, "dsde", "throughput_tok_s")
-        points.append({"rate": rate, "dsde_throughput_tok_s": t, "best_static": ref,
-                       "best_static_throughput_tok_s": ref_t, "ratio": ratio(t, ref_t),
-                       "dsde_goodput": metric(r, "dsde", "goodput"),
-                       "best_static_goodput": best_static(r, "goodput")[1],
-                       "dsde_tpot_mean": metric(r, "dsde", "tpot_mean"),
-                       "best_static_tpot_mean": metric(r, ref, "tpot_mean"), **drafted(r, "dsde")})
+    points = rate_points(runs, sizes, "dsde", "throughput_tok_s", lambda r, ref: {
+        "dsde_goodput": metric(r, "dsde", "goodput"), "best_static_goodput": best_static(r, "goodput")[1],
+        "dsde_tpot_mean": metric(r, "dsde", "tpot_mean"), "best_static_tpot_mean": metric(r, ref, "tpot_mean")})
     top = points[-1]
     outcome: Outcome = "holds" if top["ratio"] >= 1 - CLOSE else "fails"
     summary = (f"at {top['rate']:g} req/s {top['dsde_throughput_tok_s']:.0f} vs {top['best_static']} "

@@ -580,7 +580,8 @@ def gate(
                                   "or a benchmarks/results/*.json"),
     candidate: Path = typer.Option(..., "--candidate", help="candidate, the same kind as the baseline"),
     metric: Optional[list[str]] = typer.Option(None, "--metric", help="metric(s) to gate, repeatable or "
-                                               "comma-separated (default: goodput; benchmarks: all they carry)"),
+                                               "comma-separated (default: capacity_rps, else goodput; "
+                                               "benchmarks: all they carry)"),
     max_regression: str = typer.Option("5%", "--max-regression", help="fail beyond this relative loss "
                                        "(5% or 0.05), when outside the noise"),
     noise: str = typer.Option("3%", "--noise", help="noise floor: the least spread assumed around a mean "
@@ -591,6 +592,9 @@ def gate(
                                          "committed tokens per SD step fall to this or below"),
     strategy: Optional[list[str]] = typer.Option(None, "--strategy", help="gate only these strategies "
                                                  "(repeatable or comma-separated)"),
+    allow_different: bool = typer.Option(False, "--allow-different", help="compare evaluations whose set-up "
+                                         "differs (workload, engine, SLO, models, prompt set, hardware); the "
+                                         "differences are printed"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as one JSON object"),
 ) -> None:
     """Gate a candidate against a baseline: exit 0 pass, 1 regression or acceptance collapse, 2 bad input."""
@@ -603,7 +607,8 @@ def gate(
                        noise=parse_fraction(noise, option="noise"),
                        max_acceptance_drop=parse_fraction(max_acceptance_drop, option="max-acceptance-drop",
                                                           allow_one=True),
-                       collapse_floor=collapse_floor, strategies=split(strategy))
+                       collapse_floor=collapse_floor, strategies=split(strategy),
+                       allow_different=allow_different)
     markdown = verdict.markdown()
     sys.stdout.write((verdict.model_dump_json() + "\n") if as_json else markdown)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -37,6 +37,13 @@ and accepted_per_step = τ − 1 (up to end-of-request clipping) falls toward 0.
  * accepted_per_step drops by more than `max_acceptance_drop` (default 25%) of the baseline's and
    outside the noise (the same interval rule as above).
 
+Like with like (evaluate summaries): the gate refuses (exit 2, one line naming every difference) to
+compare evaluations whose set-up differs — the workload (name, size, mean lengths), the engine (kind,
+max batch, K_max, temperature), the SLO, and, where both run directories hold a manifest.json, the
+models' hashes, the prompt set's digest and, for a real engine, the hardware (CPU model and count, GPU)
+— unless `allow_different` (`--allow-different`) is given; the differences are then listed in the
+verdict's notes. A different number of repeats is only noted.
+
 Strategies (entries) only in one file are reported and do not fail the gate. Exit codes (the CLI):
 0 pass, 1 regression or collapse, 2 bad input (`InputError`).
 """
@@ -211,6 +218,8 @@ class GateInput(BaseModel):
     name: str  # the benchmark's name; "evaluate" for summaries
     entries: dict[str, dict[str, Interval]]
     meta: dict[str, Any] = {}
+    # the run directory's manifest.json beside eval/ (models, prompt set, hardware), when there is one
+    manifest: dict[str, Any] | None = None
 
 
 def load_gate_input(path: str | Path) -> GateInput:
@@ -265,7 +274,15 @@ def _load_summary(path: Path, data: dict) -> GateInput:
                                              ci_low=_number(value.get("ci_low"), path, field),
                                              ci_high=_number(value.get("ci_high"), path, field))
     meta = {k: data.get(k) for k in ("baseline", "repeats", "workload", "engine", "slo")}
-    return GateInput(path=str(path), kind="summary", name="evaluate", entries=entries, meta=meta)
+    manifest_path = path.parent.parent / "manifest.json"
+    manifest = None
+    if path.parent.name == "eval" and manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"unreadable manifest: {exc}", path=manifest_path) from None
+    return GateInput(path=str(path), kind="summary", name="evaluate", entries=entries, meta=meta,
+                     manifest=manifest if isinstance(manifest, dict) else None)
 
 
 def _row_metrics(row: dict, path: Path, where: str) -> dict[str, Interval]:
@@ -390,29 +407,60 @@ def compare_acceptance(strategy: str, base: dict[str, Interval], cand: dict[str,
     return Check(**common, change=change, status="pass", reason=tau_text or "no collapse")
 
 
-def _compat_notes(base: GateInput, cand: GateInput) -> list[str]:
-    """Differences in setup worth a reader's attention (not failures: a deliberate change may cause them)."""
-    notes = []
-    if base.kind == "summary":
-        pairs = [("workload", ("name", "requests", "mean_prompt_len", "mean_output_len")),
-                 ("engine", ("kind", "max_batch", "k_max", "temperature")), ("slo", None), ("repeats", None)]
-        for key, fields in pairs:
-            bv, cv = base.meta.get(key), cand.meta.get(key)
-            if fields is not None and isinstance(bv, dict) and isinstance(cv, dict):
-                bv, cv = ({f: v.get(f) for f in fields} for v in (bv, cv))
+def setup_differences(base: GateInput, cand: GateInput) -> list[str]:
+    """What makes two evaluations unlike (module docstring, "Like with like"); empty for benchmarks."""
+    if base.kind != "summary":
+        return []
+    diffs = []
+    pairs = [("workload", ("name", "requests", "mean_prompt_len", "mean_output_len")),
+             ("engine", ("kind", "max_batch", "k_max", "temperature")), ("slo", None)]
+    for key, fields in pairs:
+        bv, cv = base.meta.get(key), cand.meta.get(key)
+        if fields is not None and isinstance(bv, dict) and isinstance(cv, dict):
+            bv, cv = ({f: v.get(f) for f in fields} for v in (bv, cv))
+        if bv != cv:
+            diffs.append(f"{key}: baseline {json.dumps(bv, default=str)}, candidate {json.dumps(cv, default=str)}")
+    if base.manifest is not None and cand.manifest is not None:
+        real = (base.meta.get("engine") or {}).get("kind") != "sim"
+        for key, value in (("models", _model_hashes), ("prompt set", _prompt_set),
+                           *((("hardware", _hardware),) if real else ())):
+            bv, cv = value(base.manifest), value(cand.manifest)
             if bv != cv:
-                notes.append(f"{key} differs: baseline {json.dumps(bv, default=str)}, "
-                             f"candidate {json.dumps(cv, default=str)}")
-    return notes
+                diffs.append(f"{key}: baseline {json.dumps(bv, default=str)}, candidate {json.dumps(cv, default=str)}")
+    return diffs
+
+
+def _model_hashes(manifest: dict) -> dict:
+    return {name: (entry or {}).get("sha256") for name, entry in (manifest.get("models") or {}).items()}
+
+
+def _prompt_set(manifest: dict) -> Any:
+    return manifest.get("prompt_set")
+
+
+def _hardware(manifest: dict) -> dict:
+    hw = manifest.get("hardware") or {}
+    return {k: hw.get(k) for k in ("cpu_model", "cpu_count", "gpu")}
+
+
+def _compat_notes(base: GateInput, cand: GateInput) -> list[str]:
+    """Differences worth a reader's attention that do not make the runs unlike."""
+    if base.kind == "summary" and base.meta.get("repeats") != cand.meta.get("repeats"):
+        return [f"repeats differ: baseline {base.meta.get('repeats')}, candidate {cand.meta.get('repeats')}"]
+    return []
 
 
 def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = None,
          max_regression: float = DEFAULT_MAX_REGRESSION, noise: float = DEFAULT_NOISE,
          max_acceptance_drop: float = DEFAULT_MAX_ACCEPTANCE_DROP, collapse_floor: float = DEFAULT_COLLAPSE_FLOOR,
-         strategies: Sequence[str] | None = None) -> GateVerdict:
+         strategies: Sequence[str] | None = None, allow_different: bool = False) -> GateVerdict:
     """Compare every (entry, metric) both inputs share; see the module docstring for the rules."""
     if base.kind != cand.kind:
         raise InputError(f"cannot compare a {base.kind} with a {cand.kind}", path=cand.path)
+    unlike = setup_differences(base, cand)
+    if unlike and not allow_different:
+        raise InputError("baseline and candidate are not like with like (" + "; ".join(unlike)
+                         + "); --allow-different compares them anyway", path=cand.path)
     if base.kind == "benchmark" and base.name != cand.name:
         raise InputError(f"benchmark {cand.name!r} is not the baseline's {base.name!r}", path=cand.path,
                          field="benchmark")
@@ -466,7 +514,7 @@ def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = No
         settings=settings, checks=checks,
         only_in_baseline=[n for n in base.entries if n not in cand.entries and (not restrict or n in restrict)],
         only_in_candidate=[n for n in cand.entries if n not in base.entries and (not restrict or n in restrict)],
-        notes=_compat_notes(base, cand) + (
+        notes=[f"set-up differs (--allow-different): {d}" for d in unlike] + _compat_notes(base, cand) + (
             [f"{FALLBACK_SUMMARY_METRIC} gated: {'the baseline' if not _has(base, shared) else 'the candidate'} "
              f"has no {DEFAULT_SUMMARY_METRIC} (an evaluation on a real engine, or with --no-capacity)"]
             if chosen == [FALLBACK_SUMMARY_METRIC] and not metrics else []))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,46 @@ def test_ci_benchmark_passes_against_the_committed_baseline(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     verdict = run_gate(baseline, tmp_path / "bench", metrics=list(HEADLINE))
     assert verdict.passed, verdict.markdown()
+
+
+def test_unlike_runs_are_refused_unless_allowed(runs, tmp_path):
+    """Like with like: a different workload, engine setting or SLO is refused with one line naming it;
+    --allow-different compares anyway and lists the differences."""
+    a, _ = runs
+    for key, change in (("workload", {"requests": 31.0}), ("engine", {"k_max": 3}), ("slo", {"tpot_s": 0.01})):
+        other = _summary(a)
+        other[key].update(change)
+        cand = tmp_path / f"{key}.json"
+        cand.write_text(json.dumps(other))
+        res = gate_cli("--baseline", str(a), "--candidate", str(cand))
+        assert res.exit_code == 2, res.output
+        line = res.output.strip()
+        assert len(line.splitlines()) == 1 and f"{key}:" in line and "--allow-different" in line
+        allowed = run_gate(a, cand, allow_different=True)
+        assert allowed.passed and any(n.startswith(f"set-up differs (--allow-different): {key}:")
+                                      for n in allowed.notes)
+        assert gate_cli("--baseline", str(a), "--candidate", str(cand), "--allow-different").exit_code == 0
+
+
+def test_the_manifests_models_and_prompt_set_must_match_and_a_real_engines_hardware(runs, tmp_path):
+    a, _ = runs
+    twin = tmp_path / "twin"
+    shutil.copytree(a, twin)
+    manifest = json.loads((twin / "manifest.json").read_text())
+    manifest["hardware"]["cpu_model"] = "another CPU"
+    (twin / "manifest.json").write_text(json.dumps(manifest))
+    assert run_gate(a, twin).passed  # a simulator's result does not depend on the machine replaying it
+    manifest["prompt_set"] = {"digest": "0" * 64}
+    (twin / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="prompt set"):
+        run_gate(a, twin)
+    real = json.loads((a / "eval" / "summary.json").read_text())
+    real["engine"]["kind"] = "torch"
+    for side, hw in ((tmp_path / "r1", "one CPU"), (tmp_path / "r2", "another CPU")):
+        (side / "eval").mkdir(parents=True)
+        (side / "eval" / "summary.json").write_text(json.dumps(real))
+        (side / "manifest.json").write_text(json.dumps({**manifest, "prompt_set": None,
+                                                        "hardware": {"cpu_model": hw, "cpu_count": 2}}))
+    with pytest.raises(InputError, match="hardware"):
+        run_gate(tmp_path / "r1", tmp_path / "r2")
+    assert run_gate(tmp_path / "r1", tmp_path / "r2", allow_different=True).passed

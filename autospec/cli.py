@@ -329,9 +329,12 @@ def _print_run(result: dict, out_dir: Path) -> None:
     out.print(table)
     if tune:
         dep = tune["deploy"]
-        out.print(f"tuned: {tune['best']['name']} (trial {tune['best']['number']}); deploy files in {dep['dir']}: "
-                  + ", ".join(dep["files"]) + (" — vLLM can run it" if dep["vllm_supported"]
-                                               else " — vLLM cannot express it (see the file's notes)"))
+        if tune.get("confirmed"):
+            _print_confirmation(tune["confirmed"])
+        out.print(f"tuned (simulator): {tune['best']['name']} (trial {tune['best']['number']}); deployed: "
+                  f"{dep['strategy']}, files in {dep['dir']}: " + ", ".join(dep["files"])
+                  + (" — vLLM can run it" if dep["vllm_supported"] else " — vLLM cannot express it (see the "
+                     "file's notes)"), soft_wrap=True)
         if (tune.get("run") or {}).get("time_budget_s") is not None:
             out.print(_budget_line(tune["run"]), soft_wrap=True)
     if "report" in result:
@@ -657,7 +660,12 @@ def tune(
                               "per-request policies too (deploy/ still holds the best deployable trial)"),
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
                                              "every preset but the oracles and the fixed static-kN)"),
-    confirm_top: int = typer.Option(0, "--confirm-top", help="re-run the best N on the real torch engine"),
+    confirm_top: int = typer.Option(0, "--confirm-top", help="confirm the best N deployable configurations and "
+                                    "the best static K on the torch engine around the simulator's capacity point; "
+                                    "deploy/ gets the real engine's recommendation"),
+    confirm_repeats: int = typer.Option(2, "--confirm-repeats", help="real-engine repeats per candidate and load"),
+    confirm_requests: int = typer.Option(120, "--confirm-requests", help="the confirmation's window: the "
+                                         "workload's first N requests"),
     max_batch: int = typer.Option(8, "--max-batch", help="batch slots"),
     k_max: Optional[int] = typer.Option(None, "--k-max", help="default: the profile's K_max"),
     no_prune: bool = typer.Option(False, "--no-prune", help="run every trial to the end"),
@@ -678,7 +686,8 @@ def tune(
     spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
                            study_name=study_name, objective=objective, min_attainment=min_attainment, scope=scope,
                            slo=_slo_flags(slo_ttft, slo_tpot),
-                           strategies=names, confirm_top=confirm_top, max_batch=max_batch, k_max=k_max,
+                           strategies=names, confirm_top=confirm_top, confirm_repeats=confirm_repeats,
+                           confirm_requests=confirm_requests, max_batch=max_batch, k_max=k_max,
                            prune=not no_prune, seed=seed,
                            time_budget_s=None if time_budget is None else parse_duration(time_budget))
     if not workload.is_file():
@@ -711,9 +720,9 @@ def _print_tune(summary: dict, spec, out_dir: Path) -> None:
                        *best["params"].items(), *best["metrics"].items()]:
         table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
     out.print(table)
-    for row in summary["confirmed"]:
-        out.print(f"confirmed trial {row['number']} ({row['strategy']}) on the torch engine: goodput "
-                  f"sim {row['sim']['goodput']:.3g} vs real {row['real']['goodput']:.3g} req/s")
+    confirmed = summary.get("confirmed")
+    if confirmed:
+        _print_confirmation(confirmed)
     deploy, deployable = summary["deploy"], summary.get("best_deployable")
     if deployable is not None and deployable["number"] != best["number"]:
         out.print(f"best deployable on vLLM (in deploy/): {deployable['name']} (trial {deployable['number']}, "
@@ -722,6 +731,24 @@ def _print_tune(summary: dict, spec, out_dir: Path) -> None:
               f"{'supported' if deploy['vllm_supported'] else 'not expressible'})")
     if spec.time_budget_s is not None:
         out.print(_budget_line(summary["run"]), soft_wrap=True)
+
+
+def _print_confirmation(confirmed: dict) -> None:
+    """The real engine's confirmation (autospec.confirm): per candidate real vs simulated SLO attainment."""
+    if not confirmed.get("candidates"):
+        out.print(confirmed["status"], soft_wrap=True)
+        return
+    table = Table(title=f"confirmed on the torch engine at {', '.join(f'{s:.3g}' for s in confirmed['scales'])}x "
+                        f"the window's rate ({confirmed['window_requests']} requests, {confirmed['repeats']} repeats)")
+    for header in ("candidate", "why", "real SLO attained [95% CI]", "simulator", "tie"):
+        table.add_column(header, justify="left" if header in ("candidate", "why") else "right")
+    for row in confirmed["candidates"]:
+        ci = row["real_attainment"]
+        table.add_row(row["strategy"] + (" ✓" if row["strategy"] == confirmed["recommended"] else ""), row["why"],
+                      f"{ci['mean']:.1%} [{ci['ci_low']:.1%}, {ci['ci_high']:.1%}]", f"{row['sim_attainment']:.1%}",
+                      "yes" if row["tied_with_best"] else "")
+    out.print(table)
+    out.print(f"recommended: {confirmed['reason']}", soft_wrap=True)
 
 
 @app.command()

@@ -4,14 +4,17 @@ profile → fit → tune → evaluate → report, each the same function its own
 directory:
 
     DIR/profile/, DIR/fit/            the engine's measurements and models (or copies of `profile.reuse`)
-    DIR/tune/, DIR/deploy/            the Optuna study's results and the deployable configs
-    DIR/eval-sim/eval/                every listed strategy + the tuned one on the simulator
-    DIR/eval-torch/eval/              `real_strategies` + the tuned one on the real torch engine
+    DIR/tune/, DIR/deploy/            the Optuna study's results, its real-engine confirmation
+                                      (`[tune] confirm_top`, autospec.confirm) and the deployable configs
+    DIR/eval-sim/eval/                every listed strategy + the tuned one (and deploy/'s, when the
+                                      confirmation picked another) on the simulator
+    DIR/eval-torch/eval/              `real_strategies` + the same tuned one(s) on the real torch engine
     DIR/report.html, DIR/summary.md   the report over all of it (simulator vs real included)
 
 The embedded default (no config) is the bundled pair on the torch engine and the bundled bursty
 workload, with the SLO of `autospec.config.SloSpec`; it is sized to finish in about ten minutes on a
-2-core CPU (a quick profile, 40 simulated trials, one real replay of two strategies). `[tune] time_budget`
+2-core CPU (a quick profile, 40 simulated trials, a confirmation of the pick and the best static K on a
+60-request window, one real replay of two strategies). `[tune] time_budget`
 (`autospec run --time-budget`) caps the tune stage's search; the other stages are bounded by their
 settings (a fixed profile grid, the workload's requests × strategies × repeats).
 """
@@ -53,9 +56,9 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
         done["fit"] = {"linear_mape": models.linear_mape}
     if "tune" in stages:
         done["tune"] = _tune(spec, out_dir, stage, progress)
-    tuned = out_dir / "tune" / "best.toml"
+    tuned = [p for p in (out_dir / "tune" / "best.toml", _deployed_if_other(done.get("tune"), out_dir)) if p]
     if "evaluate" in stages:
-        _evaluate(spec, out_dir, tuned if tuned.is_file() else None, stage, progress, done)
+        _evaluate(spec, out_dir, [p for p in tuned if p.is_file()], stage, progress, done)
     if "report" in stages:
         done["report"] = str(stage("report", lambda: write_report(out_dir)))
     return done
@@ -98,7 +101,9 @@ def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None)
                          objective=spec.tune.objective, scope=spec.tune.scope, slo=spec.slo,
                          min_attainment=spec.tune.min_attainment,
                          strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
-                         seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget)
+                         seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget,
+                         confirm_top=spec.tune.confirm_top, confirm_repeats=spec.tune.confirm_repeats,
+                         confirm_requests=spec.tune.confirm_requests)
     tick = progress("tune trials", spec.tune.trials) if progress else None
     state = {"n": 0}
 
@@ -110,11 +115,20 @@ def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None)
     return stage("tune", lambda: run_tune(tune_spec, out_dir, progress=advance))
 
 
-def _evaluate(spec: RunSpec, out_dir: Path, tuned: Path | None, stage: Stage, progress: Progress | None,
+def _deployed_if_other(tune: dict[str, Any] | None, out_dir: Path) -> Path | None:
+    """deploy/'s strategy file when it is not the study's best (the best is not deployable, or the real
+    engine's confirmation recommended another trial): evaluated beside it."""
+    if not tune or (tune.get("deployed") or {}).get("number") == (tune.get("best") or {}).get("number"):
+        return None
+    return out_dir / "deploy" / "autospec_strategy.toml"
+
+
+def _evaluate(spec: RunSpec, out_dir: Path, tuned: list[Path], stage: Stage, progress: Progress | None,
               done: dict[str, Any]) -> None:
-    """Every listed strategy and the tuned one on the simulator (DIR/eval-sim/), then `real_strategies`
-    and the tuned one on the torch engine (DIR/eval-torch/); summaries into `done`."""
-    extra = [str(tuned)] if tuned is not None else []
+    """Every listed strategy and the tuned one(s) — the study's best, and deploy/'s when it is another —
+    on the simulator (DIR/eval-sim/), then `real_strategies` and the tuned one(s) on the torch engine
+    (DIR/eval-torch/); summaries into `done`."""
+    extra = [str(p) for p in tuned]
     common = dict(workload=spec.workload, slo=spec.slo, max_batch=spec.max_batch, repeats=spec.evaluate.repeats,
                   seed=spec.engine.seed, profile=out_dir)
     # the simulator can replay at most the chain length the profile recorded

@@ -36,8 +36,10 @@ Objectives:
 Every trial replays the workload on the simulator calibrated by the profile's fit — the replay
 `autospec evaluate --engine sim` runs (`autospec.evaluate.open_sim_replay`: same engine, step
 structure, requests, settings and SLO check), so a trial's metrics are what evaluate reports for that
-strategy — and costs a fraction of a second to a few seconds. `confirm_top N` re-runs the best N
-distinct configurations on the real torch engine (and records both numbers side by side).
+strategy — and costs a fraction of a second to a few seconds. `confirm_top N` confirms on the real torch
+engine (`autospec.confirm`): the best N deployable configurations and the best static K, around the
+simulator's capacity point on a bounded window, with repeats and CIs; deploy/ then holds the real
+engine's recommendation (ties go to the simpler configuration).
 
 Storage: an SQLite file in the run directory (`tune/study.db`) by default; any Optuna RDB URL
 (`postgresql://...`) lets several `autospec tune` processes share one study. The study name is derived
@@ -57,6 +59,7 @@ Writes `tune/best.toml` (a preset file: `autospec evaluate --strategies tune/bes
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -72,6 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autospec.artifacts import read_parquet, sha256_file, write_json, write_parquet, write_text
 from autospec.config import SCHEMA_VERSION, PairSpec
+from autospec.confirm import ConfirmSettings, confirm, pick_candidates
 from autospec.deploy import vllm_config, write_deploy
 from autospec.errors import InputError
 from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay
@@ -112,7 +116,9 @@ class TuneSpec(BaseModel):
     slo: Slo = Slo()  # config.SloSpec's default, as evaluate and run
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)  # [chosen] 90% of requests within the SLO
     strategies: list[str] | None = None  # candidates; None = the bundled presets (module docstring)
-    confirm_top: int = Field(0, ge=0)
+    confirm_top: int = Field(0, ge=0)  # autospec.confirm: this many candidates (+ the best static K) on torch
+    confirm_repeats: int = Field(2, ge=1)
+    confirm_requests: int = Field(120, ge=2)  # the confirmation's window: the workload's first requests
     max_batch: int = Field(8, ge=1)
     k_max: int | None = Field(None, ge=1, le=32)  # None: the profile's K_max (its recorded chain length)
     seed: int = 0
@@ -463,12 +469,16 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     if spec.objective == "multi":
         write_parquet(out_dir / "tune" / "pareto.parquet", pareto_frame(study))
     importances = param_importances(study, spec)
-    confirmed = confirm_on_real_engine(spec, ranked, replay) if spec.confirm_top else []
+    confirmed = confirm_on_real_engine(spec, ranked, replay) if spec.confirm_top else None
     tuned = tuned_spec(best_spec, best, spec)
-    # deploy/ holds the best configuration vLLM can run (the best itself under --scope engine)
+    # deploy/ holds the best configuration vLLM can run (the best itself under --scope engine), or,
+    # after a confirmation, the one the real engine recommends
     deployable = best_expressible(ranked, spec, replay.k_max)
     deploy_trial = deployable[2] if deployable is not None else best
-    deployed = tuned if deploy_trial is best else tuned_spec(deployable[0], deploy_trial, spec)  # type: ignore[index]
+    if confirmed is not None and confirmed.get("recommended_trial") is not None:
+        deploy_trial = next(t for t in ranked if t.number == confirmed["recommended_trial"])
+    deployed = tuned if deploy_trial is best else tuned_spec(
+        StrategySpec.model_validate(deploy_trial.user_attrs["spec"]), deploy_trial, spec, prefix="deployed")
     summary = {
         "schema_version": SCHEMA_VERSION,
         "study_name": study.study_name,
@@ -484,7 +494,10 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
         "scope": spec.scope,
         "best": _trial_summary(best, tuned, spec),
         # the best trial vLLM can run as shipped: what deploy/ holds (None: no trial can be deployed)
-        "best_deployable": _trial_summary(deploy_trial, deployed, spec) if deployable is not None else None,
+        "best_deployable": (_trial_summary(deployable[2], tuned if deployable[2] is best else tuned_spec(
+            deployable[0], deployable[2], spec, prefix="deployed"), spec) if deployable is not None else None),
+        # what deploy/ holds: the best deployable trial, or the real engine's recommendation after --confirm-top
+        "deployed": _trial_summary(deploy_trial, deployed, spec),
         "param_importances": importances,
         "confirmed": confirmed,
         # this invocation: the trials the study gained while it ran (other workers' on a shared storage
@@ -494,7 +507,9 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     write_text(out_dir / "tune" / "best.toml", spec_to_toml(tuned))
     summary["deploy"] = write_deploy(out_dir / "deploy", deployed, spec.pair, spec.max_batch,
                                      k_max=replay.k_max, fit=spec.profile)
-    if deploy_trial is not best:
+    if confirmed is not None and confirmed.get("recommended") is not None:
+        summary["deploy"]["notes"].insert(0, f"confirmed on the torch engine: {confirmed['reason']}")
+    elif deploy_trial is not best:
         summary["deploy"]["notes"].insert(0, (
             f"the best strategy found, {tuned.name} (trial {best.number}, {_value_text(best, spec)}), is not "
             f"deployable on vLLM: it is in tune/best.toml; deploy/ holds the best deployable one, {deployed.name} "
@@ -545,10 +560,11 @@ def param_importances(study, spec: TuneSpec) -> dict[str, float]:
     return importances
 
 
-def tuned_spec(best_spec: StrategySpec, best, spec: TuneSpec) -> StrategySpec:
-    """The best trial's strategy as a preset named tuned-<name>, its description saying where it came from."""
+def tuned_spec(best_spec: StrategySpec, best, spec: TuneSpec, prefix: str = "tuned") -> StrategySpec:
+    """A trial's strategy as a preset named <prefix>-<name> (tuned-: the study's best; deployed-: deploy/'s
+    when that is another trial), its description saying where it came from."""
     return best_spec.model_copy(update={"strategy": best_spec.strategy.model_copy(update={
-        "name": f"tuned-{best_spec.name}",
+        "name": f"{prefix}-{best_spec.name}",
         "description": f"autospec tune trial {best.number} on {spec.workload.name}: {best_spec.name} with "
                        + (", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in best.params.items() if k != "strategy")
                           or "its preset values")})})
@@ -588,29 +604,24 @@ def _shared_params(study) -> list[str]:
     return sorted(common - {"strategy"})
 
 
-def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> list[dict[str, Any]]:
-    """Re-run the best `confirm_top` distinct configurations on the torch engine (the bundled pair or
-    --target/--draft; `autospec.evaluate.open_torch_replay`, as `evaluate --engine torch`) with the
-    trials' K_max, latency model and SLO, and put the real metrics next to the simulated ones."""
-    real_replay = open_torch_replay(load_workload(spec.workload), spec.pair, [], profile=spec.profile,
-                                    k_max=replay.k_max, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
-                                    latency_model=replay.latency_model)
-    seen: set[str] = set()
-    out = []
-    for trial in ranked:
-        key = json.dumps(trial.user_attrs["spec"], sort_keys=True)
-        if key in seen:
-            continue
-        seen.add(key)
-        real = run_trial(spec, real_replay, StrategySpec.model_validate(trial.user_attrs["spec"]))
-        out.append({"number": trial.number, "strategy": trial.params["strategy"],
-                    "sim": {k: trial.user_attrs.get(k) for k in ("goodput", "throughput_tok_s", "tpot_mean",
-                                                                "tpot_p99", "slo_attainment")},
-                    "real": {k: real.get(k) for k in ("goodput", "throughput_tok_s", "tpot_mean", "tpot_p99",
-                                                      "slo_attainment")}})
-        if len(out) >= spec.confirm_top:
-            break
-    return out
+def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> dict[str, Any]:
+    """`autospec.confirm`: the best `confirm_top` deployable configurations and the best static K, re-run
+    on the torch engine (the bundled pair or --target/--draft, as `evaluate --engine torch`) around the
+    simulator's capacity point on a bounded window, with repeats; the recommendation is the real one."""
+    if getattr(replay.probe, "fused_prefill", False):
+        return {"status": "not confirmed: the profile is vLLM's, and a torch replay would compare unlike engines "
+                          "(confirming on vLLM is not built yet)", "candidates": [], "recommended": None}
+    settings = ConfirmSettings(top=spec.confirm_top, repeats=spec.confirm_repeats, max_requests=spec.confirm_requests)
+    candidates = pick_candidates(ranked, lambda s: vllm_config(s, spec.pair, spec.max_batch, k_max=replay.k_max,
+                                                               fit=spec.profile)["supported"], settings.top)
+    if not candidates:
+        return {"status": "not confirmed: no trial can be deployed on vLLM", "candidates": [], "recommended": None}
+    window = load_workload(spec.workload).cap(settings.max_requests)
+    sim = dataclasses.replace(replay, requests=replay.requests[: len(window)])
+    real = open_torch_replay(window, spec.pair, [c.spec for c in candidates], profile=spec.profile,
+                             k_max=replay.k_max, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
+                             latency_model=replay.latency_model)
+    return confirm(candidates, sim, real, settings, target=spec.min_attainment, seed=spec.seed)
 
 
 def spec_from_flags(**flags: Any) -> TuneSpec:

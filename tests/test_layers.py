@@ -25,8 +25,9 @@ any lower one):
    an online length policy in its scheduler; `serving/factory.py` builds the torch engine and its
    inputs), `strategy` (composes policies into what the loop runs).
 4. stages — `profile`, `fit` (also builds a simulator from a run directory: `FittedSimEngine.from_dirs`,
-   which may fit in memory), `tune`, `evaluate`, `deploy`, `report/`, `gate`, `pipeline`, `generate`
-   (`autospec generate`'s runner). The training tools live outside the package (`training/`).
+   which may fit in memory), `tune`, `confirm` (tune's real-engine confirmation), `evaluate`, `deploy`,
+   `report/`, `gate`, `pipeline`, `generate` (`autospec generate`'s runner). The training tools live
+   outside the package (`training/`).
 5. cli — `cli`, `__main__`.
 """
 
@@ -49,7 +50,7 @@ LAYERS: list[tuple[str, bool, dict[str, str]]] = [
     ("serving", False, {m: "serving" for m in ("autospec.serving", "autospec.strategy")}),
     ("stages", False, {m: "stages" for m in (
         "autospec.profile", "autospec.fit", "autospec.tune", "autospec.evaluate", "autospec.deploy",
-        "autospec.report", "autospec.gate", "autospec.pipeline", "autospec.generate")}),
+        "autospec.report", "autospec.gate", "autospec.pipeline", "autospec.generate", "autospec.confirm")}),
     ("cli", False, {"autospec.cli": "cli", "autospec.__main__": "cli"}),
 ]
 

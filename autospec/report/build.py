@@ -254,6 +254,31 @@ def best_table(summary: Mapping) -> dict | None:
     return {"columns": ["item", "value"], "rows": rows}
 
 
+def confirmation_table(summary: Mapping) -> dict | None:
+    """tune's real-engine confirmation (autospec.confirm): per candidate real vs simulated attainment."""
+    confirmed = summary.get("confirmed")
+    if not isinstance(confirmed, Mapping) or not confirmed.get("candidates"):
+        return None
+    rows = [[row["strategy"] + (" (recommended)" if row["strategy"] == confirmed.get("recommended") else ""),
+             row["why"], _ci(row["real_attainment"]), _num(row["sim_attainment"]),
+             "yes" if row.get("tied_with_best") else ""] for row in confirmed["candidates"]]
+    return {"columns": ["candidate", "why", "real SLO attainment [95% CI]", "simulator", "tied with the best"],
+            "rows": rows}
+
+
+def confirmation_text(summary: Mapping) -> str | None:
+    confirmed = summary.get("confirmed")
+    if not isinstance(confirmed, Mapping):
+        return None
+    if not confirmed.get("candidates"):
+        return f"Real-engine confirmation: {confirmed.get('status')}."
+    scales = ", ".join(f"{s:.3g}" for s in confirmed["scales"])
+    return (f"Confirmed on the torch engine on the workload's first {confirmed['window_requests']} requests at "
+            f"{scales}× their arrival rate (around the simulator's capacity at the SLO), {confirmed['repeats']} "
+            f"repeat(s) each; candidates whose CIs overlap the best's tie, and a tie goes to the simpler "
+            f"configuration. Recommended (in deploy/): {confirmed['reason']}.")
+
+
 # --- assembly ------------------------------------------------------------------------------------
 
 
@@ -301,6 +326,8 @@ def build_sections(data: RunData) -> list[dict]:
     add("Tuning", [
         {"kind": "text", "text": f"Objective: {ts['objective']}."} if ts.get("objective") else None,
         {"kind": "table", **best} if best else None,
+        {"kind": "text", "text": confirmation_text(ts)} if confirmation_text(ts) else None,
+        {"kind": "table", **confirmation_table(ts)} if confirmation_table(ts) else None,
         fig(F.optuna_history(data.tune_trials, ts)), fig(F.param_importances(ts)),
         fig(F.tune_pareto(data.tune_trials, data.tune_pareto))])
     if data.manifests:
@@ -365,6 +392,11 @@ def render_summary(data: RunData) -> str:
         if (data.tune_summary or {}).get("objective"):
             lines += [f"Objective: {_md(data.tune_summary['objective'])}.", ""]
         lines += _md_table(best)
+        text, table = confirmation_text(data.tune_summary or {}), confirmation_table(data.tune_summary or {})
+        if text:
+            lines += [_md(text), ""]
+        if table:
+            lines += _md_table(table)
     lines += ["The full report with figures: report.html (opens offline).", ""]
     return "\n".join(lines)
 

@@ -1,0 +1,139 @@
+"""Sim picks, the real engine confirms: `autospec tune --confirm-top N` (and `autospec run`'s tune stage).
+
+The simulator ranks; before a configuration is recommended it is re-run on the real torch engine, where
+the simulator is known to err by 5-20% in TPOT (benchmarks/sim_fidelity.py) — enough to swap two close
+candidates. The confirmation:
+
+1. Candidates: the best `top` distinct configurations vLLM can deploy, in the study's ranking, plus the
+   best static K among the trials when it is not one of them (a recommendation must beat it on the
+   real engine, not only on the simulator).
+2. A bounded window: the workload's first `max_requests` requests [chosen: 120], so a confirmation costs
+   minutes, not the whole trace.
+3. The load: the simulator's capacity at the SLO of the top candidate on that window
+   (`autospec.serving.capacity`, target = tune's `min_attainment`), as a scale s* of the window's own
+   arrival rate, and `loads` around it [chosen: 0.9, 1.0, 1.1 × s*] — where the candidates'
+   differences decide whether the SLO holds.
+4. Every candidate at every load, `repeats` times [chosen: 2] (engine seed + repeat), on the torch
+   engine; the simulator replays the same points for the sim-vs-real comparison.
+5. Score: SLO attainment averaged over the loads, per repeat; its mean and a 95% bootstrap CI across
+   repeats (`metrics.bootstrap_ci`). The recommendation is the best mean; every candidate whose CI
+   overlaps the best's is a tie, and a tie goes to the simplest configuration (`simplicity`: no-SD,
+   then one static K, then a per-batch-size K schedule, then an online length policy; among equals,
+   the study's ranking).
+
+With one repeat the CIs are points and only exact ties are ties. A disturbed host makes every real
+figure worse (the report's measurement-health checks are issue 17); a confirmation is only as good as
+the quiet of the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from autospec.serving.capacity import CapacitySpec, attainment, replay_capacity, scaled_requests
+from autospec.serving.metrics import bootstrap_ci, compute_metrics
+from autospec.serving.replay import Replay
+from autospec.strategy import StrategySpec
+
+__all__ = ["ConfirmSettings", "confirm", "pick_candidates", "simplicity"]
+
+
+class ConfirmSettings(BaseModel):
+    """How a confirmation runs (module docstring; every default is [chosen])."""
+
+    model_config = ConfigDict(extra="forbid")
+    top: int = Field(2, ge=1)  # simulator candidates confirmed (plus the best static K)
+    loads: list[float] = Field(default_factory=lambda: [0.9, 1.0, 1.1], min_length=1)  # × the sim capacity
+    repeats: int = Field(2, ge=1)
+    max_requests: int = Field(120, ge=2)  # the bounded window: the workload's first requests
+
+
+@dataclasses.dataclass
+class Candidate:
+    spec: StrategySpec
+    trial: int  # the tune trial it came from
+    why: str  # "tune rank 1", "best static K"
+
+
+def simplicity(spec: StrategySpec) -> int:
+    """Lower is simpler to deploy and reason about: no-SD 0, one static K 1, a per-batch-size K
+    schedule 2, any other length policy 3."""
+    return {"none": 0, "static": 1, "batch-schedule": 2}.get(spec.length.policy, 3)
+
+
+def pick_candidates(ranked: Sequence[Any], deployable: Callable[[StrategySpec], bool], top: int) -> list[Candidate]:
+    """The best `top` distinct deployable trials of `ranked` (best first) and the best static-K trial."""
+    seen: set[str] = set()
+    out: list[Candidate] = []
+    best_static: Candidate | None = None
+    for trial in ranked:
+        spec = StrategySpec.model_validate(trial.user_attrs["spec"])
+        key = json.dumps(trial.user_attrs["spec"], sort_keys=True)
+        if key in seen or not deployable(spec):
+            continue
+        seen.add(key)
+        if len(out) < top:
+            out.append(Candidate(spec, trial.number, f"tune rank {len(out) + 1}"))
+        if best_static is None and simplicity(spec) == 1:
+            best_static = Candidate(spec, trial.number, "best static K")
+        if len(out) >= top and best_static is not None:
+            break
+    if best_static is not None and all(c.trial != best_static.trial for c in out):
+        out.append(best_static)
+    return out
+
+
+def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: ConfirmSettings,
+            target: float, seed: int, on_run: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the confirmation (module docstring) on `sim` and `real`, replays of the same window."""
+    capacity = replay_capacity(sim, candidates[0].spec, seed, CapacitySpec(target=target))
+    if capacity.scale <= 0:
+        return {"status": "no load meets the SLO on the simulator", "capacity_scale": 0.0,
+                "candidates": [], "recommended": None}
+    scales = [capacity.scale * load for load in settings.loads]
+    rows = []
+    for cand in candidates:
+        real_att = np.zeros((settings.repeats, len(scales)))
+        sim_att, sim_tpot, real_tpot = [], [], []
+        for j, scale in enumerate(scales):
+            records = sim.run(cand.spec, seed, requests=scaled_requests(sim.requests, scale))
+            sim_att.append(attainment(records, sim.slo))
+            sim_tpot.append(compute_metrics(records.requests_frame(), records.steps_frame(), sim.slo)["tpot_mean"])
+            tpots = []
+            for r in range(settings.repeats):
+                if on_run is not None:
+                    on_run(f"{cand.spec.name} at {scale:.3g}x, repeat {r + 1}/{settings.repeats}")
+                records = real.run(cand.spec, seed + r, requests=scaled_requests(real.requests, scale))
+                real_att[r, j] = attainment(records, real.slo)
+                tpots.append(compute_metrics(records.requests_frame(), records.steps_frame(), real.slo)["tpot_mean"])
+            real_tpot.append(float(np.mean([t for t in tpots if t is not None])) if any(
+                t is not None for t in tpots) else None)
+        score = bootstrap_ci(list(real_att.mean(axis=1)), seed=seed)
+        rows.append({"strategy": cand.spec.name, "trial": cand.trial, "why": cand.why,
+                     "simplicity": simplicity(cand.spec), "spec": cand.spec.model_dump(mode="json"),
+                     "real_attainment": score, "real_attainment_by_load": real_att.mean(axis=0).tolist(),
+                     "sim_attainment": float(np.mean(sim_att)), "sim_attainment_by_load": sim_att,
+                     "real_tpot_mean_by_load": real_tpot, "sim_tpot_mean_by_load": sim_tpot})
+    best = max(rows, key=lambda row: row["real_attainment"]["mean"])
+    ties = [row for row in rows if row["real_attainment"]["ci_high"] >= best["real_attainment"]["ci_low"]]
+    chosen = min(ties, key=lambda row: row["simplicity"])  # min is stable: the study's ranking among equals
+    for row in rows:
+        row["tied_with_best"] = row in ties
+    return {"status": "confirmed", "target": target, "capacity_scale": capacity.scale,
+            "capacity_rps_sim": capacity.rps, "loads": settings.loads, "scales": scales,
+            "repeats": settings.repeats, "window_requests": len(real.requests), "candidates": rows,
+            "recommended": chosen["strategy"], "recommended_trial": chosen["trial"],
+            "best_on_real_engine": best["strategy"],
+            "reason": (f"{chosen['strategy']}: real SLO attainment {_ci_text(chosen['real_attainment'])} over "
+                       f"{', '.join(f'{s:.3g}' for s in scales)}x the window's rate"
+                       + ("" if chosen is best else f"; tied with {best['strategy']} "
+                          f"({_ci_text(best['real_attainment'])}), the simpler one recommended"))}
+
+
+def _ci_text(ci: dict) -> str:
+    return f"{ci['mean']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]"

@@ -1,0 +1,101 @@
+"""The real-engine confirmation (autospec.confirm, `tune --confirm-top`): which candidates it confirms,
+its tie rule, and an end-to-end run on the torch engine that puts its recommendation in deploy/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autospec.config import PairSpec
+from autospec.confirm import Candidate, ConfirmSettings, confirm, pick_candidates, simplicity
+from autospec.evaluate import open_sim_replay
+from autospec.fit import fit_profile, write_fit
+from autospec.strategy import apply_overrides, load_preset
+from autospec.tune import TuneSpec, run_tune
+from autospec.workloads.spec import load_workload
+
+from stage_helpers import synthetic_workload, write_synthetic_run
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "reports" / "ci-profile"
+
+
+def test_simplicity_orders_no_sd_static_schedule_then_policies():
+    names = ["adaspec", "k-schedule", "static-k4", "no-sd", "gp-lcb"]
+    assert sorted(names, key=lambda n: simplicity(load_preset(n))) == ["no-sd", "static-k4", "k-schedule", "adaspec",
+                                                                       "gp-lcb"]
+
+
+def _trials(specs: list) -> list:
+    """Real Optuna trials (best first) carrying the strategy specs, as tune's ranked trials do."""
+    dist = {"strategy": optuna.distributions.CategoricalDistribution([s.name for s in specs])}
+    return [optuna.trial.create_trial(params={"strategy": s.name}, distributions=dist, value=10.0 - i,
+                                      user_attrs={"spec": s.model_dump(mode="json")}) for i, s in enumerate(specs)]
+
+
+def test_candidates_are_the_top_deployable_configurations_and_the_best_static_k():
+    k3, k5 = apply_overrides(load_preset("static-k4"), {"length.k": 3}), load_preset("static-k4")
+    ranked = _trials([load_preset("lp-sjf"), load_preset("k-schedule"), load_preset("k-schedule"), k3,
+                      load_preset("adaspec"), k5])
+    for number, trial in enumerate(ranked):
+        trial.number = number
+    deployable = lambda s: s.schedule.policy == "fcfs" and s.verify.policy == "all"  # noqa: E731
+    picked = pick_candidates(ranked, deployable, top=1)
+    assert [(c.spec.name, c.trial, c.why) for c in picked] == [("k-schedule", 1, "tune rank 1"),
+                                                               ("static-k4", 3, "best static K")]
+    assert picked[1].spec.length.params["k"] == 3  # the best-ranked static K, not the preset's
+    two = pick_candidates(ranked, deployable, top=2)  # the duplicate k-schedule counts once
+    assert [c.trial for c in two] == [1, 3]
+
+
+def test_a_tie_on_the_real_engine_goes_to_the_simpler_configuration():
+    """A per-batch-size schedule with K = 2 in every bucket serves exactly as static K = 2, so their real
+    attainments tie; the schedule ranked first on the simulator, the static K is recommended. Both
+    replays here are the simulator (deterministic): this checks the decision rule, not an engine."""
+    if not (PROFILE / "fit" / "models.json").is_file():
+        pytest.skip("no committed CI profile")
+    trace = load_workload(REPO / "workloads" / "bursty.toml").cap(40)
+    sim = open_sim_replay(PROFILE, trace, k_max=8, max_batch=8)
+    schedule = apply_overrides(load_preset("k-schedule"), {"length.k": [2] * 7})
+    static = apply_overrides(load_preset("static-k4"), {"length.k": 2})
+    result = confirm([Candidate(schedule, 5, "tune rank 1"), Candidate(static, 9, "best static K")], sim, sim,
+                     ConfirmSettings(repeats=2), target=0.9, seed=0)
+    assert result["status"] == "confirmed" and result["capacity_scale"] > 0
+    first, second = result["candidates"]
+    assert first["real_attainment"] == second["real_attainment"]
+    assert first["tied_with_best"] and second["tied_with_best"]
+    assert result["recommended"] == "static-k4" and result["recommended_trial"] == 9
+    assert len(result["scales"]) == 3 and result["scales"][1] == pytest.approx(result["capacity_scale"])
+
+
+WORKLOAD = synthetic_workload("confirm", rate=30, duration_s=1, max_requests=24, prompt_tokens=12, output_tokens=6)
+
+
+@pytest.mark.slow
+def test_tune_confirm_top_runs_the_candidates_on_the_torch_engine_and_deploys_its_pick(tmp_path, tiny_pair):
+    run = write_synthetic_run(tmp_path / "profiled")
+    write_fit(run, fit_profile(run))
+    workload = tmp_path / "w.toml"
+    workload.write_text(WORKLOAD)
+    target, draft = tiny_pair
+    spec = TuneSpec(workload=workload, profile=run, trials=10, strategies=["k-schedule", "static-k4"],
+                    confirm_top=1, confirm_repeats=1, confirm_requests=12, max_batch=4,
+                    pair=PairSpec(target=target, draft=draft))
+    summary = run_tune(spec, tmp_path / "out")
+    confirmed = summary["confirmed"]
+    assert confirmed["status"] == "confirmed", confirmed
+    assert confirmed["window_requests"] == 12 and confirmed["repeats"] == 1
+    rows = confirmed["candidates"]
+    assert rows[0]["why"] == "tune rank 1"
+    assert rows[0]["spec"]["length"]["policy"] == "static" or [r["why"] for r in rows[1:]] == ["best static K"]
+    for row in rows:
+        assert 0.0 <= row["real_attainment"]["mean"] <= 1.0 and len(row["real_attainment_by_load"]) == 3
+        assert all(t is not None and t > 0 for t in row["real_tpot_mean_by_load"])  # measured on torch
+    assert summary["deployed"]["number"] == confirmed["recommended_trial"]
+    assert summary["deploy"]["strategy"] == summary["deployed"]["name"]
+    assert summary["deploy"]["notes"][0].startswith("confirmed on the torch engine")
+    written = json.loads((tmp_path / "out" / "tune" / "summary.json").read_text())
+    assert written["confirmed"]["recommended"] == confirmed["recommended"]

@@ -132,8 +132,8 @@ class TuneStage(_Model):
     scope: Literal["engine", "all"] = "engine"  # autospec tune --scope
     # the real-engine confirmation (autospec.confirm): this many sim candidates + the best static K, on
     # a window of the workload's first `confirm_requests` requests, `confirm_repeats` times per load;
-    # 0 = none [chosen: 1, 2, 60 — about two minutes of the embedded default on a 2-core CPU]
-    confirm_top: int = Field(1, ge=0)
+    # 0 = none [chosen: 2, 2, 60 — about three minutes of the embedded default on a 2-core CPU]
+    confirm_top: int = Field(2, ge=0)
     confirm_repeats: int = Field(2, ge=1)
     confirm_requests: int = Field(60, ge=2)
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)

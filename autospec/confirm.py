@@ -5,8 +5,8 @@ the simulator is known to err by 5-20% in TPOT (benchmarks/sim_fidelity.py) — 
 candidates. The confirmation:
 
 1. Candidates: the best `top` distinct configurations vLLM can deploy, in the study's ranking, plus the
-   best static K among the trials when it is not one of them (a recommendation must beat it on the
-   real engine, not only on the simulator).
+   best static K and no-SD among the trials when they are not among them: a recommendation must beat
+   them on the real engine, not only on the simulator (and no-SD may win: then SD does not pay there).
 2. A bounded window: the workload's first `max_requests` requests [chosen: 120], so a confirmation costs
    minutes, not the whole trace.
 3. The load: the simulator's capacity at the SLO of the top candidate on that window
@@ -67,10 +67,11 @@ def simplicity(spec: StrategySpec) -> int:
 
 
 def pick_candidates(ranked: Sequence[Any], deployable: Callable[[StrategySpec], bool], top: int) -> list[Candidate]:
-    """The best `top` distinct deployable trials of `ranked` (best first) and the best static-K trial."""
+    """The best `top` distinct deployable trials of `ranked` (best first), then the best static-K trial
+    and the best no-SD trial when they are not among them."""
     seen: set[str] = set()
     out: list[Candidate] = []
-    best_static: Candidate | None = None
+    references: dict[int, Candidate] = {}  # simplicity 1 (static K) and 0 (no-SD): the first of each
     for trial in ranked:
         spec = StrategySpec.model_validate(trial.user_attrs["spec"])
         key = json.dumps(trial.user_attrs["spec"], sort_keys=True)
@@ -79,12 +80,13 @@ def pick_candidates(ranked: Sequence[Any], deployable: Callable[[StrategySpec], 
         seen.add(key)
         if len(out) < top:
             out.append(Candidate(spec, trial.number, f"tune rank {len(out) + 1}"))
-        if best_static is None and simplicity(spec) == 1:
-            best_static = Candidate(spec, trial.number, "best static K")
-        if len(out) >= top and best_static is not None:
-            break
-    if best_static is not None and all(c.trial != best_static.trial for c in out):
-        out.append(best_static)
+        level = simplicity(spec)
+        if level in (0, 1) and level not in references:
+            references[level] = Candidate(spec, trial.number, "best static K" if level == 1 else "no-SD reference")
+    for level in (1, 0):
+        ref = references.get(level)
+        if ref is not None and all(c.trial != ref.trial for c in out):
+            out.append(ref)
     return out
 
 

@@ -13,8 +13,8 @@ directory:
 
 The embedded default (no config) is the bundled pair on the torch engine and the bundled bursty
 workload, with the SLO of `autospec.config.SloSpec`; it is sized to finish in about ten minutes on a
-2-core CPU (a quick profile, 40 simulated trials, a confirmation of the pick and the best static K on a
-60-request window, one real replay of two strategies). `[tune] time_budget`
+2-core CPU (a quick profile, 40 simulated trials, a confirmation of the top two, the best static K and
+no-SD on a 60-request window, one real replay of two strategies). `[tune] time_budget`
 (`autospec run --time-budget`) caps the tune stage's search; the other stages are bounded by their
 settings (a fixed profile grid, the workload's requests × strategies × repeats).
 """

@@ -37,7 +37,7 @@ Every trial replays the workload on the simulator calibrated by the profile's fi
 `autospec evaluate --engine sim` runs (`autospec.evaluate.open_sim_replay`: same engine, step
 structure, requests, settings and SLO check), so a trial's metrics are what evaluate reports for that
 strategy — and costs a fraction of a second to a few seconds. `confirm_top N` confirms on the real torch
-engine (`autospec.confirm`): the best N deployable configurations and the best static K, around the
+engine (`autospec.confirm`): the best N deployable configurations, the best static K and no-SD, around the
 simulator's capacity point on a bounded window, with repeats and CIs; deploy/ then holds the real
 engine's recommendation (ties go to the simpler configuration).
 
@@ -116,7 +116,7 @@ class TuneSpec(BaseModel):
     slo: Slo = Slo()  # config.SloSpec's default, as evaluate and run
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)  # [chosen] 90% of requests within the SLO
     strategies: list[str] | None = None  # candidates; None = the bundled presets (module docstring)
-    confirm_top: int = Field(0, ge=0)  # autospec.confirm: this many candidates (+ the best static K) on torch
+    confirm_top: int = Field(0, ge=0)  # autospec.confirm: this many candidates (+ best static K, no-SD) on torch
     confirm_repeats: int = Field(2, ge=1)
     confirm_requests: int = Field(120, ge=2)  # the confirmation's window: the workload's first requests
     max_batch: int = Field(8, ge=1)

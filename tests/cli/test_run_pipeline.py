@@ -53,7 +53,7 @@ real_strategies = ["no-sd"]
     real = json.loads((out / "eval-torch" / "eval" / "summary.json").read_text())["strategies"]
     assert set(sim) == {"no-sd", "static-k2", tuned} and set(real) == {"no-sd", tuned}
     assert "Simulator" in (out / "report.html").read_text() or "simulator" in (out / "report.html").read_text()
-    # the pick was confirmed on the torch engine (the default [tune] confirm_top = 1) and the report says so
+    # the pick was confirmed on the torch engine (the default [tune] confirm_top = 2) and the report says so
     confirmed = result["tune"]["confirmed"]
     assert confirmed["status"] == "confirmed" and confirmed["recommended"], confirmed
     assert result["tune"]["deployed"]["number"] == confirmed["recommended_trial"]

@@ -39,16 +39,17 @@ def _trials(specs: list) -> list:
 def test_candidates_are_the_top_deployable_configurations_and_the_best_static_k():
     k3, k5 = apply_overrides(load_preset("static-k4"), {"length.k": 3}), load_preset("static-k4")
     ranked = _trials([load_preset("lp-sjf"), load_preset("k-schedule"), load_preset("k-schedule"), k3,
-                      load_preset("adaspec"), k5])
+                      load_preset("adaspec"), k5, load_preset("no-sd")])
     for number, trial in enumerate(ranked):
         trial.number = number
     deployable = lambda s: s.schedule.policy == "fcfs" and s.verify.policy == "all"  # noqa: E731
     picked = pick_candidates(ranked, deployable, top=1)
     assert [(c.spec.name, c.trial, c.why) for c in picked] == [("k-schedule", 1, "tune rank 1"),
-                                                               ("static-k4", 3, "best static K")]
+                                                               ("static-k4", 3, "best static K"),
+                                                               ("no-sd", 6, "no-SD reference")]
     assert picked[1].spec.length.params["k"] == 3  # the best-ranked static K, not the preset's
     two = pick_candidates(ranked, deployable, top=2)  # the duplicate k-schedule counts once
-    assert [c.trial for c in two] == [1, 3]
+    assert [c.trial for c in two] == [1, 3, 6]
 
 
 def test_a_tie_on_the_real_engine_goes_to_the_simpler_configuration():
@@ -81,7 +82,7 @@ def test_tune_confirm_top_runs_the_candidates_on_the_torch_engine_and_deploys_it
     workload = tmp_path / "w.toml"
     workload.write_text(WORKLOAD)
     target, draft = tiny_pair
-    spec = TuneSpec(workload=workload, profile=run, trials=10, strategies=["k-schedule", "static-k4"],
+    spec = TuneSpec(workload=workload, profile=run, trials=10, strategies=["k-schedule", "static-k4", "no-sd"],
                     confirm_top=1, confirm_repeats=1, confirm_requests=12, max_batch=4,
                     pair=PairSpec(target=target, draft=draft))
     summary = run_tune(spec, tmp_path / "out")
@@ -90,7 +91,8 @@ def test_tune_confirm_top_runs_the_candidates_on_the_torch_engine_and_deploys_it
     assert confirmed["window_requests"] == 12 and confirmed["repeats"] == 1
     rows = confirmed["candidates"]
     assert rows[0]["why"] == "tune rank 1"
-    assert rows[0]["spec"]["length"]["policy"] == "static" or [r["why"] for r in rows[1:]] == ["best static K"]
+    whys = [r["why"] for r in rows[1:]]
+    assert whys in (["best static K"], ["best static K", "no-SD reference"], ["no-SD reference"], [])
     for row in rows:
         assert 0.0 <= row["real_attainment"]["mean"] <= 1.0 and len(row["real_attainment_by_load"]) == 3
         assert all(t is not None and t > 0 for t in row["real_tpot_mean_by_load"])  # measured on torch

@@ -16,10 +16,15 @@ candidates. The confirmation:
 4. Every candidate at every load, `repeats` times [chosen: 2] (engine seed + repeat), on the torch
    engine; the simulator replays the same points for the sim-vs-real comparison.
 5. Score: SLO attainment averaged over the loads, per repeat; its mean and a 95% bootstrap CI across
-   repeats (`metrics.bootstrap_ci`). The recommendation is the best mean; every candidate whose CI
-   overlaps the best's is a tie, and a tie goes to the simplest configuration (`simplicity`: no-SD,
-   then one static K, then a per-batch-size K schedule, then an online length policy; among equals,
-   the study's ranking).
+   repeats (`metrics.bootstrap_ci`). The recommendation is the candidate with the best mean; every
+   one whose CI overlaps the best's is a tie, and a tie goes to the simplest configuration
+   (`simplicity`: no-SD, then one static K, then a per-batch-size K schedule, then an online length
+   policy; among equals, the study's ranking). No-SD added as a *reference* (the simulator did not rank
+   it among the top) is not a candidate for ties [chosen]: it is recommended only when its CI lies
+   wholly above every candidate's — the real engine refutes the simulator's case for SD. A tie with it
+   keeps the simulator's SD pick (not refuted) and the reason says so: on a small window with few
+   repeats the CIs are wide (attainment moves in steps of 1/window), and "no difference shown" is not
+   "no difference".
 
 With one repeat the CIs are points and only exact ties are ties. A disturbed host makes every real
 figure worse (the report's measurement-health checks are issue 17); a confirmation is only as good as
@@ -40,7 +45,7 @@ from autospec.serving.metrics import bootstrap_ci, compute_metrics
 from autospec.serving.replay import Replay
 from autospec.strategy import StrategySpec
 
-__all__ = ["ConfirmSettings", "confirm", "pick_candidates", "simplicity"]
+__all__ = ["ConfirmSettings", "confirm", "pick_candidates", "recommend", "simplicity"]
 
 
 class ConfirmSettings(BaseModel):
@@ -51,6 +56,9 @@ class ConfirmSettings(BaseModel):
     loads: list[float] = Field(default_factory=lambda: [0.9, 1.0, 1.1], min_length=1)  # × the sim capacity
     repeats: int = Field(2, ge=1)
     max_requests: int = Field(120, ge=2)  # the bounded window: the workload's first requests
+
+
+REFERENCE = "no-SD reference"
 
 
 @dataclasses.dataclass
@@ -82,7 +90,7 @@ def pick_candidates(ranked: Sequence[Any], deployable: Callable[[StrategySpec], 
             out.append(Candidate(spec, trial.number, f"tune rank {len(out) + 1}"))
         level = simplicity(spec)
         if level in (0, 1) and level not in references:
-            references[level] = Candidate(spec, trial.number, "best static K" if level == 1 else "no-SD reference")
+            references[level] = Candidate(spec, trial.number, "best static K" if level == 1 else REFERENCE)
     for level in (1, 0):
         ref = references.get(level)
         if ref is not None and all(c.trial != ref.trial for c in out):
@@ -121,11 +129,7 @@ def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: Co
                      "real_attainment": score, "real_attainment_by_load": real_att.mean(axis=0).tolist(),
                      "sim_attainment": float(np.mean(sim_att)), "sim_attainment_by_load": sim_att,
                      "real_tpot_mean_by_load": real_tpot, "sim_tpot_mean_by_load": sim_tpot})
-    best = max(rows, key=lambda row: row["real_attainment"]["mean"])
-    ties = [row for row in rows if row["real_attainment"]["ci_high"] >= best["real_attainment"]["ci_low"]]
-    chosen = min(ties, key=lambda row: row["simplicity"])  # min is stable: the study's ranking among equals
-    for row in rows:
-        row["tied_with_best"] = row in ties
+    chosen, best, versus_no_sd = recommend(rows)
     return {"status": "confirmed", "target": target, "capacity_scale": capacity.scale,
             "capacity_rps_sim": capacity.rps, "loads": settings.loads, "scales": scales,
             "repeats": settings.repeats, "window_requests": len(real.requests), "candidates": rows,
@@ -134,7 +138,32 @@ def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: Co
             "reason": (f"{chosen['strategy']}: real SLO attainment {_ci_text(chosen['real_attainment'])} over "
                        f"{', '.join(f'{s:.3g}' for s in scales)}x the window's rate"
                        + ("" if chosen is best else f"; tied with {best['strategy']} "
-                          f"({_ci_text(best['real_attainment'])}), the simpler one recommended"))}
+                          f"({_ci_text(best['real_attainment'])}), the simpler one recommended") + versus_no_sd)}
+
+
+def recommend(rows: list[dict[str, Any]]) -> tuple[dict, dict, str]:
+    """(recommended row, best row, the reason's no-SD clause) by the rule of the module docstring (step
+    5); marks each row's `tied_with_best`."""
+    reference = next((row for row in rows if row["why"] == REFERENCE), None)
+    ranked = [row for row in rows if row is not reference]
+    if not ranked or (reference is not None and all(
+            reference["real_attainment"]["ci_low"] > row["real_attainment"]["ci_high"] for row in ranked)):
+        chosen = best = reference  # the real engine refutes SD at this load
+    else:
+        best = max(ranked, key=lambda row: row["real_attainment"]["mean"])
+        ties = [row for row in ranked if row["real_attainment"]["ci_high"] >= best["real_attainment"]["ci_low"]]
+        chosen = min(ties, key=lambda row: row["simplicity"])  # min is stable: the study's ranking among equals
+    assert chosen is not None and best is not None
+    for row in rows:  # its CI reaches the best's
+        row["tied_with_best"] = row is best or row["real_attainment"]["ci_high"] >= best["real_attainment"]["ci_low"]
+    no_sd = next((row for row in rows if row["simplicity"] == 0), None)
+    versus_no_sd = ""
+    if no_sd is not None and chosen is not no_sd:
+        shown = chosen["real_attainment"]["ci_low"] > no_sd["real_attainment"]["ci_high"]
+        versus_no_sd = (f"; no-SD {_ci_text(no_sd['real_attainment'])}: "
+                        + ("SD's gain is outside the noise" if shown else
+                           "SD's gain is not shown outside the noise on this window (kept: not refuted)"))
+    return chosen, best, versus_no_sd
 
 
 def _ci_text(ci: dict) -> str:

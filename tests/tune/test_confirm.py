@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from autospec.config import PairSpec
-from autospec.confirm import Candidate, ConfirmSettings, confirm, pick_candidates, simplicity
+from autospec.confirm import Candidate, ConfirmSettings, confirm, pick_candidates, recommend, simplicity
 from autospec.evaluate import open_sim_replay
 from autospec.fit import fit_profile, write_fit
 from autospec.strategy import apply_overrides, load_preset
@@ -70,6 +70,27 @@ def test_a_tie_on_the_real_engine_goes_to_the_simpler_configuration():
     assert first["tied_with_best"] and second["tied_with_best"]
     assert result["recommended"] == "static-k4" and result["recommended_trial"] == 9
     assert len(result["scales"]) == 3 and result["scales"][1] == pytest.approx(result["capacity_scale"])
+
+
+def _row(name: str, level: int, low: float, high: float, why: str = "tune rank") -> dict:
+    return {"strategy": name, "simplicity": level, "why": why,
+            "real_attainment": {"mean": (low + high) / 2, "ci_low": low, "ci_high": high}}
+
+
+def test_no_sd_as_a_reference_is_recommended_only_when_the_real_engine_refutes_sd():
+    schedule, static = _row("k-schedule", 2, 0.70, 0.80), _row("static-k4", 1, 0.66, 0.74)
+    no_sd = _row("no-sd", 0, 0.60, 0.68, "no-SD reference")
+    chosen, best, clause = recommend([schedule, static, no_sd])
+    assert (chosen["strategy"], best["strategy"]) == ("static-k4", "k-schedule")  # a tie: the simpler SD
+    assert "not shown outside the noise" in clause and no_sd["tied_with_best"] is False
+    chosen, _, clause = recommend([_row("k-schedule", 2, 0.90, 0.95), _row("no-sd", 0, 0.60, 0.62, "no-SD reference")])
+    assert chosen["strategy"] == "k-schedule" and "outside the noise" in clause and "not shown" not in clause
+    refuted = [_row("static-k4", 1, 0.50, 0.55), _row("no-sd", 0, 0.56, 0.60, "no-SD reference")]
+    chosen, best, clause = recommend(refuted)
+    assert chosen["strategy"] == best["strategy"] == "no-sd" and clause == ""
+    # no-SD the simulator ranked among the top is a candidate like the others: it wins a tie (simplest)
+    chosen, best, _ = recommend([_row("static-k4", 1, 0.60, 0.70), _row("no-sd", 0, 0.58, 0.66)])
+    assert (chosen["strategy"], best["strategy"]) == ("no-sd", "static-k4")
 
 
 WORKLOAD = synthetic_workload("confirm", rate=30, duration_s=1, max_requests=24, prompt_tokens=12, output_tokens=6)

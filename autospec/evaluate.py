@@ -237,7 +237,7 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
 
 # One (strategy, repeat) of an evaluation: the records of that run.
 RunFn = Callable[[StrategySpec, int], ServeRecords]
-CapacityFn = Callable[[StrategySpec, int], Capacity]
+CapacityFn = Callable[[StrategySpec, int, ServeRecords], Capacity]  # + that run's records at 1x
 Progress = Callable[[str, int], Callable[[int], None]]
 
 
@@ -266,7 +266,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                 records = run(strat, repeat)
                 req_frame, step_frame = records.requests_frame(), records.steps_frame()
                 metrics[strat.name].append(compute_metrics(req_frame, step_frame, spec.slo))
-                found = capacity_of(strat, repeat) if capacity_of is not None else None
+                found = capacity_of(strat, repeat, records) if capacity_of is not None else None
                 if found is not None:
                     capacities[strat.name].append(found.model_dump())
                 metrics[strat.name][-1].update(capacity_rps=found.rps if found else None,
@@ -360,9 +360,9 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
         on_finish = progress(label, len(requests)) if progress else None
         return replay.run(strat, spec.seed + repeat, on_finish=on_finish)
 
-    def capacity_of(strat: StrategySpec, repeat: int) -> Capacity:
-        assert spec.capacity is not None
-        return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity)
+    def capacity_of(strat: StrategySpec, repeat: int, records: ServeRecords) -> Capacity:
+        assert spec.capacity is not None  # the run's own records are the search's probe at 1x
+        return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity, at_own_load=records)
 
     measure = spec.engine == "sim" and spec.capacity is not None
     return run, replay.calibration(strategies), capacity_of if measure else None

@@ -81,6 +81,7 @@ from autospec.errors import InputError
 from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay
 from autospec.serving.capacity import CapacitySpec, replay_capacity
 from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
+from autospec.serving.records import ServeRecords
 from autospec.serving.replay import Replay
 from autospec.strategy import (
     SearchRange,
@@ -249,10 +250,10 @@ def open_replay(spec: TuneSpec) -> Replay:
 
 
 def run_trial(spec: TuneSpec, replay: Replay, strategy: StrategySpec,
-              on_finish: Callable | None = None) -> dict[str, Any]:
-    """One trial's metrics: the workload served once under `strategy` with the study's seed."""
+              on_finish: Callable | None = None) -> tuple[dict[str, Any], ServeRecords]:
+    """One trial's metrics and records: the workload served once under `strategy` with the study's seed."""
     records = replay.run(strategy, spec.seed, on_finish=on_finish)
-    return compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo)
+    return compute_metrics(records.requests_frame(), records.steps_frame(), spec.slo), records
 
 
 class GoodputSoFar:
@@ -360,7 +361,7 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
         strategy = sample_strategy(trial, specs, sm_axis)
         trial.set_user_attr("spec", strategy.model_dump(mode="json"))
         hook = GoodputSoFar(trial, replay) if spec.objective == "goodput" and spec.prune else None
-        metrics = run_trial(spec, replay, strategy, on_finish=hook)
+        metrics, records = run_trial(spec, replay, strategy, on_finish=hook)
         for key in HEADLINE:
             value = metrics.get(key)
             if value is not None and key not in RELATIVE:
@@ -372,7 +373,8 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
             return float(metrics["throughput_tok_s"] or 0.0), float(metrics["tpot_p99"] or math.inf)
         if spec.objective == "capacity":
             # the load the strategy keeps at min_attainment; feasible when some load does
-            found = replay_capacity(replay, strategy, spec.seed, CapacitySpec(target=spec.min_attainment))
+            found = replay_capacity(replay, strategy, spec.seed, CapacitySpec(target=spec.min_attainment),
+                                    at_own_load=records)
             trial.set_user_attr("capacity_rps", found.rps)
             trial.set_user_attr("capacity_scale", found.scale)
             trial.set_user_attr("capacity_status", found.status)

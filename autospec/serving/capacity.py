@@ -133,11 +133,15 @@ def _result(spec: CapacitySpec, base_rate_rps: float, scale: float, scale_fail: 
 
 
 def replay_capacity(replay: "Replay", strategy: "StrategySpec", seed: int,
-                    spec: CapacitySpec = CapacitySpec()) -> Capacity:
-    """Capacity of `strategy` on `replay` (a simulator's: every probe is a full replay at its scale)."""
+                    spec: CapacitySpec = CapacitySpec(), at_own_load: ServeRecords | None = None) -> Capacity:
+    """Capacity of `strategy` on `replay` (a simulator's: every probe is a full replay at its scale).
+    `at_own_load`: the records of the same replay at 1x (same seed), when the caller ran it already —
+    the first probe then reuses them instead of replaying again."""
     base = replay.requests
 
     def attainment_at(scale: float) -> float:
+        if scale == 1.0 and at_own_load is not None:
+            return attainment(at_own_load, replay.slo)
         return attainment(replay.run(strategy, seed, requests=scaled_requests(base, scale)), replay.slo)
 
     return capacity_search(attainment_at, mean_rate(base), spec)

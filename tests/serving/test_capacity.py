@@ -69,8 +69,6 @@ def test_the_target_decides_what_passes():
 
 @pytest.fixture(scope="module")
 def replay():
-    if not (PROFILE / "fit" / "models.json").is_file():
-        pytest.skip("no committed CI profile")
     trace = load_workload(BURSTY).cap(120)
     return open_sim_replay(PROFILE, trace, k_max=8, max_batch=8)
 
@@ -117,8 +115,6 @@ def test_relative_metrics_are_better_than_no_sd_above_one():
 
 
 def test_evaluate_on_the_simulator_reports_capacity_and_its_probes(tmp_path):
-    if not (PROFILE / "fit" / "models.json").is_file():
-        pytest.skip("no committed CI profile")
     res = subprocess.run([sys.executable, "-m", "autospec.cli", "evaluate", "--workload", str(BURSTY), "--engine",
                           "sim", "--profile", str(PROFILE), "--strategies", "static-k2", "--out",
                           str(tmp_path / "run"), "--capacity-target", "0.8"],
@@ -138,10 +134,20 @@ def test_evaluate_on_the_simulator_reports_capacity_and_its_probes(tmp_path):
     assert math.isfinite(summary["strategies"]["static-k2"]["tpot_speedup_vs_no_sd"]["mean"])
 
 
-def test_evaluate_without_capacity_skips_the_search():
-    if not (PROFILE / "fit" / "models.json").is_file():
-        pytest.skip("no committed CI profile")
+def test_evaluate_without_capacity_skips_the_search(tmp_path):
     spec = EvaluateSpec(workload=BURSTY, strategies=["static-k2"], engine="sim", profile=PROFILE, capacity=None)
     summary = run_evaluate(spec, None).summary
     assert summary["capacity"] is None
     assert summary["strategies"]["static-k2"]["capacity_rps"]["mean"] is None
+    res = subprocess.run([sys.executable, "-m", "autospec.cli", "evaluate", "--workload", str(BURSTY), "--engine",
+                          "sim", "--profile", str(PROFILE), "--strategies", "static-k2", "--no-capacity", "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())["capacity"] is None
+
+
+def test_the_first_probe_reuses_a_run_at_the_workloads_own_load(replay):
+    """evaluate and tune pass the records they already have at 1x: the same capacity, one replay fewer."""
+    strategy = load_preset("static-k2")
+    own = replay.run(strategy, 0)
+    assert replay_capacity(replay, strategy, 0, at_own_load=own) == replay_capacity(replay, strategy, 0)

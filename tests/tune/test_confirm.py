@@ -4,6 +4,8 @@ its tie rule, and an end-to-end run on the torch engine that puts its recommenda
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -56,8 +58,6 @@ def test_a_tie_on_the_real_engine_goes_to_the_simpler_configuration():
     """A per-batch-size schedule with K = 2 in every bucket serves exactly as static K = 2, so their real
     attainments tie; the schedule ranked first on the simulator, the static K is recommended. Both
     replays here are the simulator (deterministic): this checks the decision rule, not an engine."""
-    if not (PROFILE / "fit" / "models.json").is_file():
-        pytest.skip("no committed CI profile")
     trace = load_workload(REPO / "workloads" / "bursty.toml").cap(40)
     sim = open_sim_replay(PROFILE, trace, k_max=8, max_batch=8)
     schedule = apply_overrides(load_preset("k-schedule"), {"length.k": [2] * 7})
@@ -122,3 +122,20 @@ def test_tune_confirm_top_runs_the_candidates_on_the_torch_engine_and_deploys_it
     assert summary["deploy"]["notes"][0].startswith("confirmed on the torch engine")
     written = json.loads((tmp_path / "out" / "tune" / "summary.json").read_text())
     assert written["confirmed"]["recommended"] == confirmed["recommended"]
+
+
+@pytest.mark.slow
+def test_the_tune_cli_confirms_with_its_flags(tmp_path):
+    """--confirm-top/--confirm-repeats/--confirm-requests reach the confirmation (bundled pair on torch)."""
+    run = write_synthetic_run(tmp_path / "profiled")
+    write_fit(run, fit_profile(run))
+    workload = tmp_path / "w.toml"
+    workload.write_text(WORKLOAD)
+    res = subprocess.run([sys.executable, "-m", "autospec", "tune", "--workload", str(workload), "--profile",
+                          str(run), "--out", str(tmp_path / "out"), "--trials", "4", "--strategies",
+                          "static-k4,no-sd", "--confirm-top", "1", "--confirm-repeats", "1", "--confirm-requests",
+                          "8", "--max-batch", "4", "--json"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    confirmed = json.loads(res.stdout)["confirmed"]
+    assert confirmed["status"] == "confirmed" and confirmed["window_requests"] == 8 and confirmed["repeats"] == 1
+    assert confirmed["candidates"][0]["why"] == "tune rank 1"

@@ -275,14 +275,11 @@ def _load_summary(path: Path, data: dict) -> GateInput:
                                              ci_high=_number(value.get("ci_high"), path, field))
     meta = {k: data.get(k) for k in ("baseline", "repeats", "workload", "engine", "slo")}
     manifest_path = path.parent.parent / "manifest.json"
-    manifest = None
-    if path.parent.name == "eval" and manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"unreadable manifest: {exc}", path=manifest_path) from None
+    # the run's manifest, when the summary sits in a run directory: what the like-with-like check reads
+    manifest = (read_json_object(manifest_path) if path.parent.name == "eval" and manifest_path.is_file()
+                else None)
     return GateInput(path=str(path), kind="summary", name="evaluate", entries=entries, meta=meta,
-                     manifest=manifest if isinstance(manifest, dict) else None)
+                     manifest=manifest)
 
 
 def _row_metrics(row: dict, path: Path, where: str) -> dict[str, Interval]:

@@ -314,3 +314,15 @@ def test_the_manifests_models_and_prompt_set_must_match_and_a_real_engines_hardw
     with pytest.raises(InputError, match="hardware"):
         run_gate(tmp_path / "r1", tmp_path / "r2")
     assert run_gate(tmp_path / "r1", tmp_path / "r2", allow_different=True).passed
+
+
+def test_a_run_directorys_manifest_that_is_not_a_json_object_is_named_in_one_line(runs, tmp_path):
+    a, _ = runs
+    broken = tmp_path / "broken"
+    shutil.copytree(a, broken)
+    for text, problem in (("[1, 2]", "expected a JSON object"), ("{oops", "not valid JSON")):
+        (broken / "manifest.json").write_text(text)
+        res = gate_cli("--baseline", str(a), "--candidate", str(broken))
+        assert res.exit_code == 2, res.output
+        line = res.output.strip()
+        assert len(line.splitlines()) == 1 and "manifest.json" in line and problem in line

@@ -1,0 +1,81 @@
+"""benchmarks/verdict.py: the tie rule and Kendall's τ-b it ranks with, and a `--quick` run on the committed
+CI profile writing the documented figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import verdict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ci(mean: float, half_width: float) -> dict:
+    return {"mean": mean, "ci_low": mean - half_width, "ci_high": mean + half_width}
+
+
+def test_overlapping_cis_share_a_rank_and_separated_ones_do_not():
+    cis = [_ci(3.0, 0.1), _ci(1.0, 0.1), _ci(1.15, 0.1), _ci(2.0, 0.1)]
+    assert verdict.tied_ranks(cis) == [2, 0, 0, 1]
+    # a chain of overlaps ties only what reaches the group's best: 1.0 and 1.15 tie, 1.3 does not reach 1.0's CI
+    assert verdict.tied_ranks([_ci(1.0, 0.1), _ci(1.15, 0.1), _ci(1.3, 0.1)]) == [0, 0, 1]
+    assert verdict.tied_ranks([_ci(1.0, 0.0), _ci(1.0, 0.0)]) == [0, 0]
+
+
+def test_kendall_tau_b_counts_ties_and_is_undefined_when_one_side_ties_everything():
+    assert verdict.kendall_tau_b([0, 1, 2, 3], [0, 1, 2, 3]) == pytest.approx(1.0)
+    assert verdict.kendall_tau_b([0, 1, 2, 3], [3, 2, 1, 0]) == pytest.approx(-1.0)
+    partial = verdict.kendall_tau_b([0, 1, 2, 3], [0, 0, 1, 2])
+    assert 0.8 < partial < 1.0  # a tie on one side lowers τ-b below 1
+    assert verdict.kendall_tau_b([0, 1, 2], [0, 0, 0]) is None
+
+
+def test_goals_are_judged_against_the_declared_thresholds():
+    figures = {"capacity_vs_best_static": 1.2, "sim_real_tpot_err_max": 0.12, "rank_agreement": None}
+    assert verdict.goals_of(figures) == {"capacity_vs_best_static": True, "sim_real_tpot_err_max": False,
+                                         "rank_agreement": None}
+
+
+@pytest.mark.slow
+def test_quick_run_writes_the_verdict_figures(tmp_path):
+    out = tmp_path / "verdict.json"
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--quick", "--no-heldout",
+                          "--window", "6", "--repeats", "1", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    default = data["default"]
+    assert set(data["capacity_rps"]) == {"no-sd", "best_static", "tuned"}
+    for row in data["capacity_rps"].values():
+        assert row["sim"] > 0 and row["real"] > 0 and row["real_probes"]
+    assert default["best_static"] in verdict.STATIC
+    # the best static K is the one with the highest torch capacity
+    statics = default["capacity_rps_static"]
+    assert statics[default["best_static"]]["real"] == max(s["real"] for s in statics.values())
+    assert default["rank_set"] == [*verdict.RANK_SET, "tuned"]
+    ranks = default["ranks"]["capacity_point"]
+    assert len(ranks["sim"]) == len(ranks["real"]) == len(default["rank_set"])
+    assert data["rank_agreement"] == verdict.kendall_tau_b(ranks["sim"], ranks["real"])
+    assert set(default["sim_real_tpot_err"]) == {f"{n}@{load}" for n in ("no-sd", default["best_static"], "tuned")
+                                                 for load in ("capacity_point", "half")}
+    assert data["sim_real_tpot_err_max"] == max(default["sim_real_tpot_err"].values())
+    point = default["tpot_mean_s"]["no-sd"]["capacity_point"]["real"]["mean"]
+    assert data["tpot_speedup"]["best_static"] == pytest.approx(
+        point / default["tpot_mean_s"][default["best_static"]]["capacity_point"]["real"]["mean"])
+    assert data["goals_met"] == verdict.goals_of(default)
+    headroom = default["schedule_headroom"]
+    assert headroom["max_gain"] >= 1.0 and set(headroom["per_batch"]) <= {"1", "2", "4", "8"}
+    assert data["heldout"] is None and "skipped" in data["heldout_status"]
+
+
+def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--run-dir", str(tmp_path),
+                          "--out", str(tmp_path / "v.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "tune/summary.json" in res.stderr
+    assert not (tmp_path / "v.json").exists()

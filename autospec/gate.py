@@ -39,7 +39,8 @@ and accepted_per_step = τ − 1 (up to end-of-request clipping) falls toward 0.
 
 Like with like (evaluate summaries): the gate refuses (exit 2, one line naming every difference) to
 compare evaluations whose set-up differs — the workload (name, size, mean lengths), the engine (kind,
-max batch, K_max, temperature), the SLO, and, where both run directories hold a manifest.json, the
+max batch, K_max, temperature), the SLO, the load (open or closed loop, the concurrency limit: a
+summary from before `load` existed was open loop), and, where both run directories hold a manifest.json, the
 models' hashes, the prompt set's digest and, for a real engine, the hardware (CPU model and count, GPU)
 — unless `allow_different` (`--allow-different`) is given; the differences are then listed in the
 verdict's notes. A different number of repeats is only noted.
@@ -89,6 +90,7 @@ DEFAULT_MAX_REGRESSION = 0.05
 DEFAULT_NOISE = 0.03  # [chosen] see the module docstring
 DEFAULT_MAX_ACCEPTANCE_DROP = 0.25  # [chosen]
 DEFAULT_COLLAPSE_FLOOR = 1.05  # [chosen] tokens per SD step (τ) at which SD has stopped paying
+OPEN_LOOP = {"max_concurrency": None, "closed_loop": False}  # an evaluate summary's `load` without a limit
 
 
 def metric_direction(name: str) -> Direction | None:
@@ -274,6 +276,8 @@ def _load_summary(path: Path, data: dict) -> GateInput:
                                              ci_low=_number(value.get("ci_low"), path, field),
                                              ci_high=_number(value.get("ci_high"), path, field))
     meta = {k: data.get(k) for k in ("baseline", "repeats", "workload", "engine", "slo")}
+    # how requests were sent; a summary written before evaluate recorded it was open loop
+    meta["load"] = {**OPEN_LOOP, **(data.get("load") or {})}
     manifest_path = path.parent.parent / "manifest.json"
     # the run's manifest, when the summary sits in a run directory: what the like-with-like check reads
     manifest = (read_json_object(manifest_path) if path.parent.name == "eval" and manifest_path.is_file()
@@ -410,7 +414,8 @@ def setup_differences(base: GateInput, cand: GateInput) -> list[str]:
         return []
     diffs = []
     pairs = [("workload", ("name", "requests", "mean_prompt_len", "mean_output_len")),
-             ("engine", ("kind", "max_batch", "k_max", "temperature")), ("slo", None)]
+             ("engine", ("kind", "max_batch", "k_max", "temperature")), ("slo", None),
+             ("load", tuple(OPEN_LOOP))]
     for key, fields in pairs:
         bv, cv = base.meta.get(key), cand.meta.get(key)
         if fields is not None and isinstance(bv, dict) and isinstance(cv, dict):

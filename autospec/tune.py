@@ -270,7 +270,7 @@ class GoodputSoFar:
 
         self.finished += 1
         # a finished request has generated its max_tokens (the simulator knows no EOS)
-        ttft, tpot, _ = latencies(record.arrival_s, record.first_token_s, record.finish_s, record.max_tokens)
+        ttft, tpot, _ = latencies(record.sent_s, record.first_token_s, record.finish_s, record.max_tokens)
         self.met += bool(meets_slo(ttft, tpot, self.slo))
         if self.finished * CHECKPOINTS >= self.next_report * self.n and self.next_report < CHECKPOINTS:
             elapsed = max(record.finish_s - self.first_arrival, 1e-9)

@@ -20,6 +20,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from autospec.latency import linear_features  # the features the fit used (Eq. 3–4)
+from autospec.serving.metrics import sent_times
 
 CDF_POINTS = 400  # a CDF is drawn through this many quantiles, whatever the request count
 TIMELINE_POINTS = 1500  # steps per strategy on the over-time plots before they are averaged into bins
@@ -118,7 +119,7 @@ def latency_cdfs(requests: pd.DataFrame | None, label: str) -> go.Figure | None:
         return None
     n = requests["output_len"].to_numpy(float)
     first = requests["first_token_s"].to_numpy(float)
-    ttft = first - requests["arrival_s"].to_numpy(float)
+    ttft = first - sent_times(requests).to_numpy(float)  # from the send time, as the metrics count it
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n > 1, (requests["finish_s"].to_numpy(float) - first) / np.maximum(n - 1, 1), np.nan)
     frame = pd.DataFrame({"strategy": requests["strategy"].astype(str).to_numpy(), "ttft": ttft, "tpot": tpot})

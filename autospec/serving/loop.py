@@ -11,7 +11,12 @@ Each iteration:
 
 1. requests whose arrival time has come (on the engine's clock, relative to the start of `serve`)
    join the waiting queue; if nothing is running or waiting, the loop idles until the next arrival
-   (`engine.idle_until(t)`: a clock jump in the simulator, a sleep on a real engine);
+   (`engine.idle_until(t)`: a clock jump in the simulator, a sleep on a real engine). With
+   `max_concurrency = N` (as `vllm bench serve --max-concurrency`; a closed loop when every request
+   arrives at 0) at most N requests are in the system — waiting or running, not finished — at once:
+   the client holds N slots, and a request is sent, in trace order, once its arrival has come and a
+   slot is free; it is sent at the later of its arrival and the finish that freed its slot (its
+   record's `sent_s`, what its latencies count from; open loop `sent_s = arrival_s`);
 2. the strategy's schedule policy picks who runs (`Pick.run`, at most `max_batch` = batch slots);
 3. the KV budget is applied in the policy's priority order: each request needs its context
    (prompt + generated) plus the tokens it may commit this step (≤ K_max + 1); a running request
@@ -88,9 +93,12 @@ class ConcatTokens(Sequence[int]):
         return list(self)[index]
 
 
-def _validate(requests: Sequence[ServeRequest], max_batch: int, kv_budget_tokens: int | None) -> None:
+def _validate(requests: Sequence[ServeRequest], max_batch: int, kv_budget_tokens: int | None,
+              max_concurrency: int | None) -> None:
     if max_batch < 1:
         raise InputError(f"max batch must be >= 1, got {max_batch}", field="max_batch")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise InputError(f"max concurrency must be >= 1 request, got {max_concurrency}", field="max_concurrency")
     if kv_budget_tokens is not None and kv_budget_tokens < 1:
         raise InputError(f"KV budget must be >= 1 token, got {kv_budget_tokens}", field="kv_budget_tokens")
     seen: set[int] = set()
@@ -112,19 +120,22 @@ def _validate(requests: Sequence[ServeRequest], max_batch: int, kv_budget_tokens
 def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
           settings: StepSettings, kv_budget_tokens: int | None = None, ignore_eos: bool = True,
           keep_outputs: bool = False, history_rounds: int = HISTORY_ROUNDS,
-          on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
+          on_finish: Callable[[RequestRecord], None] | None = None,
+          max_concurrency: int | None = None) -> ServeRecords:
     """Replay `requests` through `engine` under `strategy` with continuous batching (module docstring).
 
     `max_batch` is the number of batch slots; `kv_budget_tokens` (None = unlimited) bounds the summed
-    context of the running requests. `ignore_eos` (default) makes every request generate exactly its
-    max_tokens, as a trace replay wants. `keep_outputs` stores each request's token ids in its record.
-    `on_finish(record)` is called with each request's RequestRecord as it finishes.
+    context of the running requests. `max_concurrency` (None = open loop) bounds the requests sent and
+    not yet finished (step 1 of the module docstring). `ignore_eos` (default) makes every request
+    generate exactly its max_tokens, as a trace replay wants. `keep_outputs` stores each request's
+    token ids in its record. `on_finish(record)` is called with each request's RequestRecord as it
+    finishes.
     """
-    _validate(requests, max_batch, kv_budget_tokens)
+    _validate(requests, max_batch, kv_budget_tokens, max_concurrency)
     _configure(engine, strategy, settings)
     return _Serving(engine, strategy, requests, max_batch=max_batch, settings=settings,
                     kv_budget_tokens=kv_budget_tokens, ignore_eos=ignore_eos, keep_outputs=keep_outputs,
-                    history_rounds=history_rounds, on_finish=on_finish).run()
+                    history_rounds=history_rounds, on_finish=on_finish, max_concurrency=max_concurrency).run()
 
 
 def _configure(engine: Engine, strategy: Strategy, settings: StepSettings) -> None:
@@ -146,7 +157,8 @@ class _Serving:
 
     def __init__(self, engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
                  settings: StepSettings, kv_budget_tokens: int | None, ignore_eos: bool, keep_outputs: bool,
-                 history_rounds: int, on_finish: Callable[[RequestRecord], None] | None):
+                 history_rounds: int, on_finish: Callable[[RequestRecord], None] | None,
+                 max_concurrency: int | None = None):
         self.engine, self.strategy, self.settings = engine, strategy, settings
         self.max_batch, self.kv_budget_tokens = max_batch, kv_budget_tokens
         self.ignore_eos, self.keep_outputs, self.history_rounds = ignore_eos, keep_outputs, history_rounds
@@ -167,6 +179,11 @@ class _Serving:
         self.records = {r.req_id: RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain)
                         for r in self.order}
         self.pending = deque(self.order)
+        # The client's free slots under max_concurrency, as the times they were freed, earliest first
+        # (0 = never used yet); None = open loop. A send takes the earliest, a finish gives one back —
+        # finishes come in time order, so the deque stays sorted.
+        self.free_slots = (None if max_concurrency is None
+                           else deque([0.0] * min(max_concurrency, len(self.order))))
         self.waiting: dict[int, RequestState] = {}
         self.running: dict[int, RequestState] = {}
         # Views handed to the schedule policy, kept alongside so a step does not rebuild one per request
@@ -207,11 +224,20 @@ class _Serving:
                             time.perf_counter() - self.wall0, self.strategy.findings())
 
     def _arrive(self, now: float) -> None:
-        """Requests whose arrival time has come join the waiting queue (in arrival order)."""
-        pending, waiting, waiting_views = self.pending, self.waiting, self.waiting_views
+        """Requests whose arrival time has come join the waiting queue (in arrival order) — under
+        max_concurrency only while a slot is free, the rest wait for one on the client side."""
+        pending, waiting, waiting_views, free_slots = self.pending, self.waiting, self.waiting_views, self.free_slots
         while pending and pending[0].arrival_s <= now:
+            if free_slots is None:
+                sent = pending[0].arrival_s
+            elif free_slots:
+                sent = max(pending[0].arrival_s, free_slots.popleft())
+            else:
+                break  # every slot holds an unfinished request: the rest wait on the client side
             r = pending.popleft()
-            state = RequestState(r.req_id, len(r.prompt), r.max_tokens, arrival_s=r.arrival_s, domain=r.domain,
+            self.records[r.req_id].sent_s = sent
+            # To the server (and its schedule policy) a request arrives when it is sent.
+            state = RequestState(r.req_id, len(r.prompt), r.max_tokens, arrival_s=sent, domain=r.domain,
                                  predicted_output_len=r.predicted_output_len, history_rounds=self.history_rounds,
                                  signals=self.signals)
             waiting[r.req_id] = state
@@ -368,6 +394,8 @@ class _Serving:
                 produced.pop(s.req_id, None)
             running.pop(s.req_id, None)
             running_views.pop(s.req_id, None)
+            if self.free_slots is not None:
+                self.free_slots.append(t)
         self.engine.remove([s.eid for s in states])
         if self.on_finish is not None:
             for s in states:

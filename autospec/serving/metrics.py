@@ -2,14 +2,19 @@
 
 Definitions (times in seconds, per request unless pooled):
 
-* TTFT  = first_token_s − arrival_s (queueing + prefill).
+Latencies count from the request's send time `sent_s` (`records.RequestRecord`): its trace arrival in
+an open-loop replay, later under a concurrency limit, where a request waits for a free slot before it
+is sent (as `vllm bench serve --max-concurrency` measures from when it issues the request). Records
+written before `sent_s` existed have only `arrival_s`, which was then the send time (`sent_times`).
+
+* TTFT  = first_token_s − sent_s (queueing + prefill).
 * TPOT  = (finish_s − first_token_s) / (output_len − 1); requests with one output token have none.
 * ITL   = gap between successive token *emissions* of a request, pooled over requests. An SD step that
           commits several tokens emits them at once (as a streaming server would send them), so the
           gap is measured between steps that committed something, not per token (that would be 0).
-* E2E   = finish_s − arrival_s.
+* E2E   = finish_s − sent_s.
 * Each of these is summarised as mean, p50, p90, p99 (numpy's linear-interpolation percentiles).
-* throughput_tok_s = output tokens / makespan, makespan = last finish − first arrival.
+* throughput_tok_s = output tokens / makespan, makespan = last finish − first send.
 * A request meets the SLO when TTFT ≤ slo.ttft_s and TPOT ≤ slo.tpot_s (a one-token request has no
   TPOT and only needs the TTFT; `meets_slo`, also the check `autospec tune`'s pruning applies to each
   finished request); slo_attainment is the fraction that do, goodput the number that do per second of
@@ -24,7 +29,8 @@ Definitions (times in seconds, per request unless pooled):
   p50 and p99), e2e_speedup_vs_no_sd likewise for mean E2E, capacity_vs_no_sd = capacity at the SLO
   over no-SD's (`autospec.serving.capacity`, simulator only), and throughput_vs_no_sd = throughput_tok_s
   over no-SD's — an open-loop replay's throughput is set by the arrival rate, so this one stays near 1
-  whenever the engine keeps up with the load, whatever SD does.
+  whenever the engine keeps up with the load, whatever SD does; in a closed-loop replay (every request
+  ready at 0, N in flight: `autospec evaluate --closed-loop`) it is what SD buys at that concurrency.
 
 Across repeats every metric is a list of per-repeat values; `bootstrap_ci` gives their mean and a 95%
 percentile-bootstrap CI of that mean (scipy.stats.bootstrap). With one repeat the CI is the value
@@ -42,7 +48,7 @@ import pandas as pd
 from autospec.config import SloSpec
 
 __all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "inter_token_latencies", "latencies",
-           "meets_slo", "per_position_acceptance", "per_request_latencies", "summarize_repeats"]
+           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "summarize_repeats"]
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -61,15 +67,22 @@ def _summary(name: str, values: np.ndarray) -> dict[str, float | None]:
     return out
 
 
-def latencies(arrival_s, first_token_s, finish_s, output_len) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TTFT, TPOT (NaN for one-token outputs) and E2E of requests given as arrays (or scalars)."""
+def latencies(sent_s, first_token_s, finish_s, output_len) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT (NaN for one-token outputs) and E2E of requests given as arrays (or scalars); TTFT and
+    E2E count from the send time (module docstring)."""
     n = np.asarray(output_len)
     first = np.asarray(first_token_s, dtype=float)
     finish = np.asarray(finish_s, dtype=float)
-    arrival = np.asarray(arrival_s, dtype=float)
+    sent = np.asarray(sent_s, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n > 1, (finish - first) / np.maximum(n - 1, 1), np.nan)
-    return first - arrival, tpot, finish - arrival
+    return first - sent, tpot, finish - sent
+
+
+def sent_times(requests: pd.DataFrame) -> pd.Series:
+    """When each request was sent: `sent_s`, or `arrival_s` in records written before that column
+    existed (every replay was then open loop: sent at its arrival)."""
+    return requests["sent_s"] if "sent_s" in requests.columns else requests["arrival_s"]
 
 
 def meets_slo(ttft_s, tpot_s, slo: Slo):
@@ -81,7 +94,7 @@ def meets_slo(ttft_s, tpot_s, slo: Slo):
 
 def per_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
     """TTFT, TPOT and E2E per request (NaN TPOT for one-token outputs)."""
-    ttft, tpot, e2e = latencies(requests["arrival_s"], requests["first_token_s"], requests["finish_s"],
+    ttft, tpot, e2e = latencies(sent_times(requests), requests["first_token_s"], requests["finish_s"],
                                 requests["output_len"])
     return pd.DataFrame({"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}, index=requests.index)
 
@@ -126,7 +139,7 @@ def compute_metrics(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo) -> di
     out.update(_summary("itl", inter_token_latencies(requests["token_times"])))
     out.update(_summary("e2e", lat["e2e_s"].to_numpy()))
     tokens = int(requests["output_len"].sum())
-    makespan = float(requests["finish_s"].max() - requests["arrival_s"].min()) if len(requests) else 0.0
+    makespan = float(requests["finish_s"].max() - sent_times(requests).min()) if len(requests) else 0.0
     ok = meets_slo(lat["ttft_s"].to_numpy(), lat["tpot_s"].to_numpy(), slo)
     out["requests"] = float(len(requests))
     out["output_tokens"] = float(tokens)

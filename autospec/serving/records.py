@@ -62,13 +62,19 @@ class ServeRequest:
 @dataclass
 class RequestRecord:
     """What happened to one request; times are seconds since the start of `serve`. Its per-token
-    times and per-round counts are derived from the step log (`ServeRecords.requests_frame`)."""
+    times and per-round counts are derived from the step log (`ServeRecords.requests_frame`).
+
+    `arrival_s` is the trace's time; `sent_s` when the client actually sent the request, the time its
+    latencies count from (`autospec.serving.metrics`). Open loop they are equal; under a concurrency
+    limit (`serve(max_concurrency=N)`) a request is sent only once a slot is free, so `sent_s` may be
+    later — and the sent times are the load the engine was really offered."""
 
     req_id: int
     arrival_s: float
     prompt_len: int
     max_tokens: int
     domain: str
+    sent_s: float = math.nan  # NaN here = sent at its arrival (set so in __post_init__)
     admitted_s: float = math.nan  # first admission (prefill start)
     first_token_s: float = math.nan
     finish_s: float = math.nan
@@ -77,6 +83,10 @@ class RequestRecord:
     # engine's SwapCost charge if it offers one (serving/loop.py, step 4)
     preempt_cost_s: float = 0.0
     output: list[int] | None = None  # token ids, when serve(keep_outputs=True)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.sent_s):
+            self.sent_s = self.arrival_s
 
 
 @dataclass
@@ -154,6 +164,7 @@ class ServeRecords:
             "req_id": [r.req_id for r in rows],
             "domain": [r.domain for r in rows],
             "arrival_s": [r.arrival_s for r in rows],
+            "sent_s": [r.sent_s for r in rows],
             "prompt_len": [r.prompt_len for r in rows],
             "max_tokens": [r.max_tokens for r in rows],
             "output_len": [len(t) for t in derived["token_times"]],

@@ -10,7 +10,10 @@ structure of a vLLM profile included —, same requests, same settings, same SLO
   synthetic ids of the trace's prompt length (what the simulator replays: it reads only lengths).
 * `step_settings` — the `StepSettings` of one strategy: K_max, temperature, the latency model policies
   consult, FASER's fitted models, the SLO's TPOT and the strategy's own SM split.
-* `Replay` — requests + settings + `engine_for(seed)`; `run(strategy, seed)` serves the workload once.
+* `Replay` — requests + settings + `engine_for(seed)`; `run(strategy, seed)` serves the workload once,
+  open loop or, with `max_concurrency`, at most that many requests in flight (`serving.loop.serve`).
+* `closed_loop_requests` — the requests all ready at t=0: with a concurrency limit of N, N virtual users
+  each send the next request as soon as theirs finishes (`autospec evaluate --closed-loop`).
   With `fit` (the run's `FitResult.policy_inputs`) every strategy is built with the fit's defaults
   (`autospec.strategy.apply_fit`: DSpark's calibrator and SPS(B) table); without, `uncalibrated` names the
   strategies that run on raw confidences.
@@ -26,6 +29,7 @@ the engine and the fit's FASER models in here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,7 +44,7 @@ from autospec.serving.step import StepSettings
 from autospec.strategy import Strategy, StrategySpec, build_strategy, calibration_flags, uncalibrated_warnings
 from autospec.workloads.trace import Trace
 
-__all__ = ["Replay", "sim_replay", "step_settings", "trace_requests"]
+__all__ = ["Replay", "closed_loop_requests", "sim_replay", "step_settings", "trace_requests"]
 
 
 def trace_requests(trace: Trace, prompts: Sequence[Sequence[int]] | None = None, *,
@@ -51,6 +55,12 @@ def trace_requests(trace: Trace, prompts: Sequence[Sequence[int]] | None = None,
     if prompts is None:
         prompts = [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
     return [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
+
+
+def closed_loop_requests(requests: Sequence[ServeRequest]) -> list[ServeRequest]:
+    """The same requests, every one ready at t=0 (a closed loop once a concurrency limit holds them back:
+    each is sent as soon as a slot frees, in trace order)."""
+    return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
 
 
 def step_settings(strategy: StrategySpec, *, k_max: int, temperature: float = 0.0,
@@ -75,6 +85,7 @@ class Replay:
     slo: Slo = field(default_factory=Slo)
     max_batch: int = 8
     kv_budget_tokens: int | None = None
+    max_concurrency: int | None = None  # requests in flight at most (the client's); None = open loop
     # an engine of this replay, for capability checks before anything runs (the simulator's oracle
     # signal, its vocabulary); never served on
     probe: Any = None
@@ -101,12 +112,12 @@ class Replay:
         return serve(self.engine_for(seed), self.build(strategy),
                      self.requests if requests is None else requests, max_batch=self.max_batch,
                      settings=self.settings(strategy), kv_budget_tokens=self.kv_budget_tokens,
-                     on_finish=on_finish)
+                     on_finish=on_finish, max_concurrency=self.max_concurrency)
 
 
 def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = None, slo: Slo | None = None,
                max_batch: int = 8, kv_budget_tokens: int | None = None,
-               fit: Mapping[str, Any] | None = None) -> Replay:
+               fit: Mapping[str, Any] | None = None, max_concurrency: int | None = None) -> Replay:
     """`trace` on the simulator `base` (its K_max, temperature and latency model, which policies
     consult; `fit`: the policies' defaults from the fit). Every run gets a new engine of base's class
     with its traces, costs and step structure (`fused_prefill` for a vLLM profile) — exactly what built
@@ -119,4 +130,4 @@ def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = Non
     return Replay(trace_requests(trace, vocab=getattr(base, "vocab_size", 1)), engine_for, k_max=base.k_max,
                   temperature=base.temperature, latency_model=base.latency_model, faser=faser,
                   slo=Slo() if slo is None else slo, max_batch=max_batch, kv_budget_tokens=kv_budget_tokens,
-                  probe=base, fit=fit)
+                  max_concurrency=max_concurrency, probe=base, fit=fit)

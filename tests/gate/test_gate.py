@@ -277,7 +277,8 @@ def test_unlike_runs_are_refused_unless_allowed(runs, tmp_path):
     """Like with like: a different workload, engine setting or SLO is refused with one line naming it;
     --allow-different compares anyway and lists the differences."""
     a, _ = runs
-    for key, change in (("workload", {"requests": 31.0}), ("engine", {"k_max": 3}), ("slo", {"tpot_s": 0.01})):
+    for key, change in (("workload", {"requests": 31.0}), ("engine", {"k_max": 3}), ("slo", {"tpot_s": 0.01}),
+                        ("load", {"max_concurrency": 4, "closed_loop": True}), ("load", {"max_concurrency": 4})):
         other = _summary(a)
         other[key].update(change)
         cand = tmp_path / f"{key}.json"
@@ -290,6 +291,19 @@ def test_unlike_runs_are_refused_unless_allowed(runs, tmp_path):
         assert allowed.passed and any(n.startswith(f"set-up differs (--allow-different): {key}:")
                                       for n in allowed.notes)
         assert gate_cli("--baseline", str(a), "--candidate", str(cand), "--allow-different").exit_code == 0
+
+
+def test_a_summary_from_before_the_load_was_recorded_reads_as_open_loop(runs, tmp_path):
+    a, _ = runs
+    legacy = _summary(a)
+    assert legacy.pop("load") == {"max_concurrency": None, "closed_loop": False}
+    cand = tmp_path / "legacy.json"
+    cand.write_text(json.dumps(legacy))
+    assert run_gate(a, cand).passed
+    legacy["load"] = {"max_concurrency": 2, "closed_loop": True}
+    cand.write_text(json.dumps(legacy))
+    with pytest.raises(InputError, match="load:"):
+        run_gate(a, cand)
 
 
 def test_the_manifests_models_and_prompt_set_must_match_and_a_real_engines_hardware(runs, tmp_path):

@@ -77,6 +77,20 @@ def test_t0_outputs_equal_plain_greedy_under_preemption(las_run, tiny_pair):
         assert list(output) == greedy(tiny_pair[0], list(req.prompt), req.max_tokens), req.req_id
 
 
+def test_t0_outputs_equal_plain_greedy_under_a_concurrency_limit(tiny_pair):
+    """Closed loop (2 requests in flight, LAS preempting under a tight KV budget): SD stays lossless."""
+    target, draft = tiny_pair
+    requests = synthetic_requests(7, 6, gap_s=0.0)
+    records = serve(TorchSDEngine(target, draft, k_max=K_MAX), strategy(3, "las"), requests, max_batch=2,
+                    kv_budget_tokens=30, settings=StepSettings(k_max=K_MAX), keep_outputs=True, max_concurrency=2)
+    frame = records.requests_frame()
+    sent, finish = frame["sent_s"].to_numpy(), frame["finish_s"].to_numpy()
+    assert max(np.count_nonzero((sent <= t) & (finish > t)) for t in sent) <= 2
+    assert (frame["sent_s"] > frame["arrival_s"]).any(), "the limit must hold requests back"
+    for req, output in zip(requests, frame["output"]):
+        assert list(output) == greedy(target, list(req.prompt), req.max_tokens), req.req_id
+
+
 def test_kv_budget_and_slots_are_respected(las_run):
     _, _, _, steps = las_run
     assert steps["kv_tokens"].max() <= 40

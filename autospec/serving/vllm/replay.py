@@ -4,6 +4,9 @@ vLLM runs its own continuous-batching scheduler, so the serving loop (`autospec.
 cannot drive it step by step. A replay therefore submits every trace request at its trace time
 (`ignore_eos`, `max_tokens` = the trace's output length) on one engine per strategy, and rebuilds the
 records the loop writes from the recording scheduler's per-step log (`autospec.serving.vllm.step_log`).
+With `max_concurrency = N` a request, once its trace time has come, also waits for one of N slots (an
+`asyncio.Semaphore`, as `vllm bench serve --max-concurrency` does) before it is submitted; its record's
+`sent_s` is when it was submitted, the time its latencies count from.
 
 vLLM is imported only inside the methods that start or feed an engine.
 """
@@ -11,12 +14,14 @@ vLLM is imported only inside the methods that start or feed an engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from autospec.errors import InputError
 from autospec.serving.records import ServeRecords
 from autospec.serving.vllm.engine import engine_kwargs, require_vllm, served_max_model_len, set_env_defaults
 from autospec.serving.vllm.speculative_config import speculative_config_for, vllm_form
@@ -31,11 +36,14 @@ class VllmReplayer:
 
     def __init__(self, target: Path, draft: Path | None, *, max_batch: int, temperature: float = 0.0,
                  seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
-                 k_max: int | None = None, fit: Path | None = None):
+                 k_max: int | None = None, fit: Path | None = None, max_concurrency: int | None = None):
         self.target, self.draft = Path(target), None if draft is None else Path(draft)
         self.max_batch, self.temperature, self.seed = max_batch, temperature, seed
         self.k_schedules = dict(k_schedules or {})
         self.k_max, self.fit = k_max, fit  # online length policies: K_max and the fitted latency model
+        if max_concurrency is not None and max_concurrency < 1:
+            raise InputError(f"max concurrency must be >= 1 request, got {max_concurrency}", field="max_concurrency")
+        self.max_concurrency = max_concurrency  # requests in flight at most; None = open loop
 
     def config_for(self, spec: StrategySpec) -> dict[str, Any]:
         rows = self.k_schedules.get(spec.name)
@@ -112,19 +120,32 @@ class VllmReplayer:
 
     async def _submit_all(self, engine, requests: Sequence[Any], t0: float, repeat: int,
                           on_finish: Callable[[int], None] | None) -> dict[int, ClientRecord]:
-        return dict(await asyncio.gather(*(self._submit_one(engine, r, t0, repeat, on_finish) for r in requests)))
+        # One semaphore per repeat; its waiters are woken first come first served, and they queue in
+        # trace order (each waits from its trace time), so requests are sent in trace order.
+        slots = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency is not None else None
+        return dict(await asyncio.gather(*(self._submit_one(engine, r, t0, repeat, on_finish, slots)
+                                           for r in requests)))
 
-    async def _submit_one(self, engine, r: Any, t0: float, repeat: int,
-                          on_finish: Callable[[int], None] | None) -> tuple[int, ClientRecord]:
-        """Submit `r` at its trace time (t0 + arrival_s) and wait for its final output."""
+    async def _submit_one(self, engine, r: Any, t0: float, repeat: int, on_finish: Callable[[int], None] | None,
+                          slots: asyncio.Semaphore | None = None) -> tuple[int, ClientRecord]:
+        """Submit `r` at its trace time (t0 + arrival_s) — and, under max_concurrency, once a slot is
+        free — and wait for its final output."""
+        delay = t0 + r.arrival_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with slots if slots is not None else contextlib.nullcontext():
+            submitted = time.perf_counter() - t0
+            rec = await self._generate(engine, r, repeat, submitted)
+        if on_finish is not None:
+            on_finish(r.req_id)
+        return r.req_id, rec
+
+    async def _generate(self, engine, r: Any, repeat: int, submitted: float) -> ClientRecord:
+        """Run `r` on the engine to its end: what the client saw of it."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        delay = t0 + r.arrival_s - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        submitted = time.perf_counter() - t0
         params = SamplingParams(temperature=self.temperature, max_tokens=r.max_tokens, ignore_eos=True,
                                 seed=None if self.temperature == 0 else (self.seed + repeat) * 1_000_003 + r.req_id,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
@@ -139,6 +160,4 @@ class VllmReplayer:
         sdm = getattr(comp, "spec_decode_metrics", None)
         if sdm is not None:
             rec.spec_steps = list(zip(sdm.per_step_drafted, sdm.per_step_accepted))
-        if on_finish is not None:
-            on_finish(r.req_id)
-        return r.req_id, rec
+        return rec

@@ -88,8 +88,10 @@ class _RecordBuilder:
     def __init__(self, requests: Sequence[Any], client: Mapping[int, ClientRecord], t0: float):
         self.t0, self.client = t0, client
         self.by_id = {str(r.req_id): r for r in requests}
-        self.requests = {str(r.req_id): RequestRecord(r.req_id, client[r.req_id].submitted_s if r.req_id in client
-                                                      else r.arrival_s, len(r.prompt), r.max_tokens, r.domain)
+        # arrival_s: the trace's; sent_s: when the client submitted it (its latencies count from there)
+        self.requests = {str(r.req_id): RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain,
+                                                      sent_s=client[r.req_id].submitted_s if r.req_id in client
+                                                      else r.arrival_s)
                          for r in requests}
         self.left = {rid: r.max_tokens for rid, r in self.by_id.items()}
         self.log = StepLog()

@@ -502,6 +502,9 @@ def evaluate(
                                   "the SLO (--engine sim: ~10 replays per strategy and repeat)"),
     capacity_target: float = typer.Option(0.9, "--capacity-target", help="SLO attainment the capacity load "
                                           "must keep"),
+    shift: bool = typer.Option(True, "--shift/--no-shift", help="also measure every strategy at ±30% load and "
+                               "prompt/output lengths (--engine sim with capacity; repeat 0: ~2 capacity "
+                               "searches more per strategy)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
@@ -513,7 +516,8 @@ def evaluate(
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
                        slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
-                       seed=seed, device=device, capacity={"target": capacity_target} if capacity else None)
+                       seed=seed, device=device, capacity={"target": capacity_target} if capacity else None,
+                       shift=shift)
     if target is not None or draft is not None:
         pair = PairSpec(allow_download=allow_download,
                         **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
@@ -572,6 +576,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
         out.print("decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the arrival "
                   "rate) over no-SD at the workload's own load; capacity at the SLO is searched on the simulator "
                   "(--engine sim).", soft_wrap=True)
+    if summary.get("shift"):
+        out.print(_shift_line(summary["shift"]), soft_wrap=True)
     out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · every metric"
               f"{' with its 95% CI' if spec.repeats > 1 else ''}: {out_dir}/eval/summary.json", soft_wrap=True)
 
@@ -637,6 +643,16 @@ def report(
     path = write_report(run_dir, out_file)
     out.print(f"report written to {path} ({path.stat().st_size / 2**20:.1f} MiB) and {path.parent / 'summary.md'}",
               soft_wrap=True)
+
+
+def _shift_line(shift: dict) -> str:
+    """Which strategy is best at each ±30% shift (the report gives the recommendation's regret)."""
+    def bests(kind: str) -> str:
+        return " / ".join(point["best"] or "–" for point in shift[kind])
+
+    factors = "/".join(f"{f:g}" for f in shift["factors"])
+    return (f"±30% shifts (repeat 1): best SLO attainment at {factors}× the load: {bests('load')}; best capacity "
+            f"at {factors}× the prompt and output lengths: {bests('mix')}.")
 
 
 @app.command()

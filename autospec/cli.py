@@ -509,6 +509,9 @@ def evaluate(
     closed_loop: bool = typer.Option(False, "--closed-loop", help="every request ready at t=0: N virtual users "
                                      "(--max-concurrency N) each send the next as theirs finishes; reports "
                                      "throughput at that concurrency, no capacity search"),
+    shift: bool = typer.Option(True, "--shift/--no-shift", help="also measure every strategy at ±30% load and "
+                               "prompt/output lengths (--engine sim with capacity; repeat 0: ~2 capacity "
+                               "searches more per strategy)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as one JSON object"),
 ) -> None:
     """Replay a workload under strategies with continuous batching; writes eval/*.parquet + summary.json."""
@@ -521,7 +524,7 @@ def evaluate(
                        slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
                        seed=seed, device=device, capacity={"target": capacity_target} if capacity else None,
-                       max_concurrency=max_concurrency, closed_loop=closed_loop)
+                       max_concurrency=max_concurrency, closed_loop=closed_loop, shift=shift)
     if target is not None or draft is not None:
         pair = PairSpec(allow_download=allow_download,
                         **{k: v for k, v in (("target", target), ("draft", draft)) if v is not None})
@@ -585,6 +588,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
         out.print("decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the arrival "
                   "rate) over no-SD at the workload's own load; capacity at the SLO is searched on the simulator "
                   "(--engine sim).", soft_wrap=True)
+    if summary.get("shift"):
+        out.print(_shift_line(summary["shift"]), soft_wrap=True)
     out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · every metric"
               f"{' with its 95% CI' if spec.repeats > 1 else ''}: {out_dir}/eval/summary.json", soft_wrap=True)
 
@@ -650,6 +655,16 @@ def report(
     path = write_report(run_dir, out_file)
     out.print(f"report written to {path} ({path.stat().st_size / 2**20:.1f} MiB) and {path.parent / 'summary.md'}",
               soft_wrap=True)
+
+
+def _shift_line(shift: dict) -> str:
+    """Which strategy is best at each ±30% shift (the report gives the recommendation's regret)."""
+    def bests(kind: str) -> str:
+        return " / ".join(point["best"] or "–" for point in shift[kind])
+
+    factors = "/".join(f"{f:g}" for f in shift["factors"])
+    return (f"±30% shifts (repeat 1): best SLO attainment at {factors}× the load: {bests('load')}; best capacity "
+            f"at {factors}× the prompt and output lengths: {bests('mix')}.")
 
 
 @app.command()

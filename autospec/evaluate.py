@@ -25,6 +25,13 @@ finishes — a fixed-concurrency run whose throughput (and `throughput_vs_no_sd`
 read. It has no arrival rate to scale, so capacity is not searched (`capacity` is None and
 `capacity_note` says why). Both are in the summary's `load`, which `autospec gate` compares.
 
+Shifts (`autospec.serving.shift`, on the simulator with capacity on; `--no-shift` leaves them out): every
+strategy's SLO attainment, mean TPOT and goodput at 0.7/1.0/1.3× the workload's arrival rate, and its
+capacity at the SLO with every prompt and output length × 0.7/1.0/1.3 — repeat 0 only, reusing its run
+and capacity at 1.0 — in the summary's `shift` (None, with `shift_skipped` saying why, otherwise). The
+recommendation's regret against the best strategy at each point is the report's (`shift.regret`):
+evaluate does not know which strategy is recommended.
+
 Engines:
 * torch — the bundled pair (or --target/--draft). Prompts are the trace's texts tokenized with the
   target's tokenizer and clipped or cyclically padded to the trace's prompt_len (so the replay has the
@@ -78,7 +85,8 @@ from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.replay import Replay, closed_loop_requests, sim_replay, trace_requests
-from autospec.strategy import SpecFieldError, StrategySpec, load_preset
+from autospec.serving.shift import shift_table
+from autospec.strategy import SpecFieldError, StrategySpec, load_preset, reads_the_future
 from autospec.telemetry import TelemetrySampler
 from autospec.workloads.spec import load_workload
 from autospec.workloads.trace import Trace
@@ -134,6 +142,10 @@ class EvaluateSpec(BaseModel):
             raise SpecFieldError("closed_loop", "--closed-loop needs --max-concurrency N (the number of "
                                  "virtual users)")
         return self
+
+    # every strategy at the load and prompt-mix shifts of ±30% (autospec.serving.shift), repeat 0 only;
+    # needs the simulator and capacity (the mix shift is a capacity per strategy)
+    shift: bool = True
 
 
 @dataclass
@@ -268,6 +280,8 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
 # One (strategy, repeat) of an evaluation: the records of that run.
 RunFn = Callable[[StrategySpec, int], ServeRecords]
 CapacityFn = Callable[[StrategySpec, int, ServeRecords], Capacity]  # + that run's records at 1x
+# the shift table of every strategy from repeat 0's records and capacities, by strategy name
+ShiftFn = Callable[[dict[str, ServeRecords], dict[str, Capacity]], dict[str, Any]]
 Progress = Callable[[str, int], Callable[[int], None]]
 
 
@@ -280,15 +294,18 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     strategies, baseline = resolve_strategies(spec.strategies)
     trace = load_workload(spec.workload)
     capacity_of: CapacityFn | None = None
+    shift_of: ShiftFn | None = None
     if spec.engine == "vllm":
         run, calibration = _vllm_runs(spec, trace, strategies, progress), {}
     else:
-        run, calibration, capacity_of = _loop_runs(spec, trace, strategies, progress)
+        run, calibration, capacity_of, shift_of = _loop_runs(spec, trace, strategies, progress)
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
     findings: dict[str, list[str]] = {}
     capacities: dict[str, list[dict]] = {s.name: [] for s in strategies}
+    first_records: dict[str, ServeRecords] = {}  # repeat 0's, which the shift table reuses at 1.0
+    first_capacity: dict[str, Capacity] = {}
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
@@ -299,6 +316,10 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                 found = capacity_of(strat, repeat, records) if capacity_of is not None else None
                 if found is not None:
                     capacities[strat.name].append(found.model_dump())
+                if repeat == 0 and shift_of is not None:
+                    first_records[strat.name] = records
+                    if found is not None:
+                        first_capacity[strat.name] = found
                 metrics[strat.name][-1].update(capacity_rps=found.rps if found else None,
                                                capacity_scale=found.scale if found else None)
                 positions[strat.name].append(per_position_acceptance(step_frame))
@@ -309,6 +330,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                     frame.insert(0, "strategy", strat.name)
                 request_frames.append(req_frame)
                 step_frames.append(step_frame)
+        shift = shift_of(first_records, first_capacity) if shift_of is not None else None
     finally:
         telemetry = sampler.stop()
     for runs in metrics.values():
@@ -337,6 +359,10 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         "capacity": ({"spec": spec.capacity.model_dump(), "strategies": capacities}
                      if capacity_of is not None and spec.capacity is not None else None),
         "capacity_note": CLOSED_LOOP_CAPACITY_NOTE if spec.closed_loop else None,
+        # every strategy at ±30% load and prompt-mix shifts, repeat 0 (autospec.serving.shift); the report
+        # computes the recommendation's regret from it
+        "shift": shift,
+        "shift_skipped": None if shift is not None else _shift_skipped(spec),
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
@@ -368,11 +394,22 @@ def _refuse_oracle(strategies: list[StrategySpec], probe: Any) -> None:
                              "its own step clock (--engine sim)", field="strategies")
 
 
+def _shift_skipped(spec: EvaluateSpec) -> str:
+    """Why an evaluation has no shift table."""
+    if not spec.shift:
+        return "not asked for (--no-shift)"
+    if spec.engine != "sim":
+        return "shifts are measured on the simulator only (--engine sim)"
+    if spec.closed_loop:
+        return "a closed loop has no arrival rate or capacity to shift"
+    return "needs capacity at the SLO (--no-capacity was given)"
+
+
 def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
-               progress: Progress | None) -> tuple[RunFn, dict, CapacityFn | None]:
+               progress: Progress | None) -> tuple[RunFn, dict, CapacityFn | None, ShiftFn | None]:
     """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call; which
     strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not;
-    and, on the simulator, the capacity search of one (strategy, repeat)."""
+    and, on the simulator, the capacity search of one (strategy, repeat) and the shift table."""
     setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                  kv_budget_tokens=spec.kv_budget_tokens, max_concurrency=spec.max_concurrency)
     if spec.engine == "sim":
@@ -399,10 +436,16 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
         assert spec.capacity is not None  # the run's own records are the search's probe at 1x
         return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity, at_own_load=records)
 
+    def shift_of(records: dict[str, ServeRecords], capacities: dict[str, Capacity]) -> dict[str, Any]:
+        assert spec.capacity is not None
+        return shift_table(replay, strategies, spec.seed, spec.capacity, at_own_load=records,
+                           own_capacity=capacities, oracles=[s.name for s in strategies if reads_the_future(s)])
+
     # a closed loop has no arrival rate to scale (CLOSED_LOOP_CAPACITY_NOTE); a capped open loop is searched,
     # with the cap in every probe (the Replay carries it)
     measure = spec.engine == "sim" and spec.capacity is not None and not spec.closed_loop
-    return run, replay.calibration(strategies), capacity_of if measure else None
+    return (run, replay.calibration(strategies), capacity_of if measure else None,
+            shift_of if measure and spec.shift else None)
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

@@ -29,6 +29,7 @@ from autospec.artifacts import PARQUET_SCHEMA_KEY, read_json, read_parquet, writ
 from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
 from autospec.errors import InputError
 from autospec.report import figures as F
+from autospec.serving.shift import regret
 
 # Columns of the strategy table: summary.json metric key, header.
 TABLE_METRICS = (("capacity_rps", "capacity at SLO (req/s)"), ("capacity_vs_no_sd", "capacity × no-SD"),
@@ -279,6 +280,66 @@ def confirmation_text(summary: Mapping) -> str | None:
             f"configuration. Recommended (in deploy/): {confirmed['reason']}.")
 
 
+SHIFT_TITLE = "If the load or the prompt mix shifts by ±30%"
+
+
+def recommendation(summary: Mapping, tune: Mapping | None) -> tuple[str, str] | None:
+    """(name, why) of the strategy the run recommends, among those `summary`'s shift table measured: deploy/'s
+    pick (tune's `deployed`: the real engine's confirmed one, else the best deployable), else tune's best
+    deployable, else the evaluation's highest capacity at the SLO (oracles aside). None when none is there."""
+    shift = summary.get("shift") or {}
+    measured = set((shift.get("mix") or [{}])[0].get("strategies") or {})
+    tune = tune or {}
+    confirmed = (tune.get("confirmed") or {}).get("recommended")
+    deployed = (tune.get("deployed") or {}).get("name")
+    if deployed in measured:
+        return deployed, ("deploy/'s pick, confirmed on the real engine" if confirmed else "deploy/'s pick")
+    deployable = (tune.get("best_deployable") or {}).get("name")
+    if deployable in measured:
+        return deployable, "the tuning's best deployable strategy"
+    oracles = set(shift.get("oracles") or [])
+    caps = {n: ((summary.get("strategies") or {}).get(n) or {}).get("capacity_rps") or {} for n in measured - oracles}
+    caps = {n: c["mean"] for n, c in caps.items() if c.get("mean") is not None}
+    if not caps:
+        return None
+    best = max(sorted(caps), key=lambda n: caps[n])
+    return best, "the highest capacity at the SLO in this evaluation; no tuned recommendation was evaluated"
+
+
+def shift_blocks(summary: Mapping, tune: Mapping | None) -> list[dict] | None:
+    """The recommendation at each ±30% shift beside the best strategy there, and its regret (text + two
+    tables); None when the evaluation has no shift table or no recommendation among its strategies."""
+    shift = summary.get("shift")
+    rec = recommendation(summary, tune) if shift else None
+    if rec is None:
+        return None
+    name, why = rec
+    rows = regret(shift, name)
+    rate = (summary.get("workload") or {}).get("mean_rate_per_s")
+    factors = "/".join(f"{f:g}" for f in shift["factors"])
+    text = (f"Recommendation: {name} ({why}). Every strategy is re-measured on the simulator (engine seed "
+            f"{shift['seed']}, the first repeat) with the workload's arrival rate × {factors}, and with every "
+            f"prompt and output length × {factors} (arrivals unchanged; the prompt mix is the length "
+            f"distribution). Regret against the best strategy at each point: attainment points lost under a "
+            f"load shift, the fraction of the best capacity at the SLO (attainment ≥ {shift['target']:.0%}) "
+            f"lost under a prompt-mix shift; 0 when the recommendation is as good as any."
+            + (f" Oracles ({', '.join(shift['oracles'])}) are a bound, not a choice, and are never the best."
+               if shift.get("oracles") else ""))
+    load = [[f"{r['factor']:g}×" + (f" ({r['factor'] * rate:.3g} req/s)" if rate else ""), _pct(r["value"]),
+             _num(None if r["tpot_mean"] is None else r["tpot_mean"] * 1e3), _num(r["goodput"]), _num(r["best"]),
+             _pct(r["best_value"]), "–" if r["regret"] is None else f"{r['regret']:.1f}"]
+            for r in rows if r["shift"] == "load"]
+    mix = [[f"{r['factor']:g}×", _num(r["value"]), _num(r["best"]), _num(r["best_value"]), _pct(r["regret"])]
+           for r in rows if r["shift"] == "mix"]
+    return [{"kind": "text", "text": text},
+            {"kind": "table", "columns": ["load (× the workload's rate)", f"{name}: SLO attainment",
+                                          "its mean TPOT (ms)", "its goodput (req/s)", "best strategy there",
+                                          "its SLO attainment", "regret (points)"], "rows": load},
+            {"kind": "table", "columns": ["prompt and output lengths ×", f"{name}: capacity (req/s)",
+                                          "best strategy there", "its capacity (req/s)", "regret (capacity lost)"],
+             "rows": mix}]
+
+
 # --- assembly ------------------------------------------------------------------------------------
 
 
@@ -311,6 +372,7 @@ def build_sections(data: RunData) -> list[dict]:
             fig(F.speedup_bars(s, ev.title)), fig(F.attainment_vs_load(s, ev.title)),
             fig(F.latency_cdfs(ev.requests, ev.title)),
             fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
+        add(f"{SHIFT_TITLE} — {ev.title}", shift_blocks(s, data.tune_summary) or [])
     pairs = sim_real_pairs(data.evals)
     if pairs:
         add("Simulator vs real engine", [{"kind": "table", **comparison_table(pairs)}, fig(F.sim_vs_real(pairs))])
@@ -376,6 +438,11 @@ def render_summary(data: RunData) -> str:
             lines += [_md(CAPACITY_TEXT), ""]
         lines += [f"**Finding — {_md(name)}:** {_md(line)}\n" for name, lines_ in (s.get("findings") or {}).items()
                   for line in lines_]
+        for block in shift_blocks(s, data.tune_summary) or []:
+            if block["kind"] == "text":
+                lines += [f"### {_md(SHIFT_TITLE)}", "", _md(block["text"]), ""]
+            else:
+                lines += _md_table(block)
     pairs = sim_real_pairs(data.evals)
     if pairs:
         lines += ["## Simulator vs real engine", ""] + _md_table(comparison_table(pairs))

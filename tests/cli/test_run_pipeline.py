@@ -61,6 +61,8 @@ real_strategies = ["no-sd"]
     assert confirmed["status"] == "confirmed" and confirmed["recommended"], confirmed
     assert result["tune"]["deployed"]["number"] == confirmed["recommended_trial"]
     assert "Confirmed on the torch engine" in (out / "summary.md").read_text()
+    # deploy/'s pick is the recommendation whose regret at ±30% load and prompt-mix shifts the report shows
+    assert f"Recommendation: {result['tune']['deployed']['name']} (deploy/'s pick" in (out / "summary.md").read_text()
 
 
 def test_bad_run_config_is_one_line_and_exit_2(tmp_path):

@@ -53,6 +53,7 @@ def _write_tuning(run: Path) -> None:
     write_json(run / "tune" / "summary.json", {
         "objective": "goodput", "direction": "maximize",
         "best": {"strategy": study.best_params["strategy"], "params": study.best_params, "value": study.best_value},
+        "deployed": {"name": "adaspec"},  # deploy/'s pick, one of the evaluated strategies
         "param_importances": optuna.importance.get_param_importances(study)})
 
 
@@ -102,6 +103,14 @@ def test_report_and_summary_are_written(run_dir):
         assert f"| {name} |" in summary
     assert "STS acceptance calibration" in summary and "Best tuned configuration" in summary
     assert re.search(r"\| static-k2 \| [0-9.e-]+", summary)
+    # the recommendation (deploy/'s pick) at ±30% load and prompt-mix shifts, beside the best there
+    title = "If the load or the prompt mix shifts by ±30%"
+    assert f"{title} — eval (sim engine)" in page and f"### {title}" in summary
+    assert "Recommendation: adaspec (deploy/&#39;s pick)" in page
+    assert "Recommendation: adaspec (deploy/'s pick)" in summary
+    for header in ("adaspec: SLO attainment", "regret (points)", "adaspec: capacity (req/s)", "regret (capacity lost)"):
+        assert header in page and header in summary
+    assert re.search(r"\| 1\.3× \| [0-9.e-]+ \| \S+ \| [0-9.e-]+ \| [0-9.]+% \|", summary)  # the prompt-mix row
 
 
 def test_user_strings_are_escaped(run_dir):
@@ -222,6 +231,26 @@ def test_report_renders_offline_in_headless_chromium(run_dir, tmp_path):
     assert pixels.shape[:2] == (1600, 1280)
     colors = np.unique(pixels[::4, ::4].reshape(-1, 3), axis=0)
     assert pixels.std() > 10 and len(colors) > 50, (pixels.std(), len(colors))  # text, tables and plots
+
+
+def test_the_recommendation_is_deploys_pick_else_the_best_deployable_else_the_highest_capacity():
+    from autospec.report.build import recommendation, shift_blocks
+
+    strategies = {"no-sd": {"capacity_rps": {"mean": 2.0}}, "tuned-x": {"capacity_rps": {"mean": 3.0}},
+                  "deployed-y": {"capacity_rps": {"mean": 2.5}}, "oracle": {"capacity_rps": {"mean": 9.0}}}
+    point = {"strategies": {n: {"capacity_rps": m["capacity_rps"]["mean"], "slo_attainment": 0.9, "tpot_mean": 0.01,
+                                "goodput": 1.0} for n, m in strategies.items()}}
+    shift = {"factors": [1.0], "seed": 0, "target": 0.9, "oracles": ["oracle"], "load": [{"factor": 1.0, **point}],
+             "mix": [{"factor": 1.0, **point}]}
+    summary = {"strategies": strategies, "shift": shift}
+    tune = {"deployed": {"name": "deployed-y"}, "best_deployable": {"name": "tuned-x"},
+            "confirmed": {"recommended": "y"}}
+    assert recommendation(summary, tune) == ("deployed-y", "deploy/'s pick, confirmed on the real engine")
+    assert recommendation(summary, {**tune, "deployed": {"name": "elsewhere"}})[0] == "tuned-x"
+    assert recommendation(summary, None)[0] == "tuned-x"  # the highest capacity, the oracle aside
+    blocks = shift_blocks(summary, tune)
+    assert blocks[2]["rows"] == [["1×", "2.5", "tuned-x", "3", "16.7%"]]
+    assert shift_blocks({**summary, "shift": None}, tune) is None
 
 
 def test_figures_are_none_without_data_and_handle_multi_objective_tuning():

@@ -132,12 +132,26 @@ def test_evaluate_on_the_simulator_reports_capacity_and_its_probes(tmp_path):
     caps = [summary["strategies"][n]["capacity_rps"]["mean"] for n in ("static-k2", "no-sd")]
     assert ratio == pytest.approx(caps[0] / caps[1])
     assert math.isfinite(summary["strategies"]["static-k2"]["tpot_speedup_vs_no_sd"]["mean"])
+    # and every strategy at ±30% load and prompt mix (autospec.serving.shift), its best per point printed
+    assert set(summary["shift"]["mix"][0]["strategies"]) == {"no-sd", "static-k2"}
+    assert "±30% shifts" in res.stdout
+
+
+def test_no_shift_leaves_the_shift_table_out_and_keeps_capacity(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "autospec.cli", "evaluate", "--workload",
+                          str(REPO / "workloads" / "poisson.toml"), "--engine", "sim", "--profile", str(PROFILE),
+                          "--strategies", "static-k2", "--no-shift", "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "run" / "eval" / "summary.json").read_text())
+    assert summary["shift"] is None and summary["shift_skipped"] == "not asked for (--no-shift)"
+    assert summary["capacity"] is not None and "±30% shifts" not in res.stdout
 
 
 def test_evaluate_without_capacity_skips_the_search(tmp_path):
     spec = EvaluateSpec(workload=BURSTY, strategies=["static-k2"], engine="sim", profile=PROFILE, capacity=None)
     summary = run_evaluate(spec, None).summary
-    assert summary["capacity"] is None
+    assert summary["capacity"] is None and summary["shift"] is None  # the mix shift is a capacity search
     assert summary["strategies"]["static-k2"]["capacity_rps"]["mean"] is None
     res = subprocess.run([sys.executable, "-m", "autospec.cli", "evaluate", "--workload", str(BURSTY), "--engine",
                           "sim", "--profile", str(PROFILE), "--strategies", "static-k2", "--no-capacity", "--out",

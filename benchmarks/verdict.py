@@ -62,7 +62,7 @@ from autospec.artifacts import hardware_info, write_json
 from autospec.cli import fail_cleanly
 from autospec.config import SCHEMA_VERSION, load_run_spec
 from autospec.errors import InputError
-from autospec.evaluate import open_sim_replay, open_torch_replay, resolve_strategies
+from autospec.evaluate import open_sim_replay, open_torch_replay
 from autospec.serving.capacity import (
     CapacitySpec,
     attainment,
@@ -73,7 +73,7 @@ from autospec.serving.capacity import (
 )
 from autospec.serving.metrics import bootstrap_ci, compute_metrics
 from autospec.serving.replay import Replay
-from autospec.strategy import StrategySpec
+from autospec.strategy import StrategySpec, load_preset
 from autospec.workloads.spec import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,8 +180,8 @@ def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
     """Steps 2-5 of the module docstring on a finished `autospec run` directory."""
     run = load_run_spec(run_dir / "config.toml")
     slo = run.slo
-    tuned = resolve_strategies([str(run_dir / "tune" / "best.toml")])[0][0]
-    presets = {s.name: s for s in resolve_strategies(RANK_SET)[0]}
+    tuned = load_preset(run_dir / "tune" / "best.toml")
+    presets = {name: load_preset(name) for name in RANK_SET}
     strategies = {**presets, "tuned": tuned}
     window = load_workload(run.workload).cap(window_requests)
     sim = open_sim_replay(run_dir, window, k_max=run.profile.k_max, seed=seed, slo=slo, max_batch=run.max_batch)

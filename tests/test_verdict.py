@@ -54,6 +54,7 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     for row in data["capacity_rps"].values():
         assert row["sim"] > 0 and row["real"] > 0 and row["real_probes"]
     assert default["best_static"] in verdict.STATIC
+    assert default["tuned"]["name"].startswith("tuned-")  # tune/best.toml, the study's best
     # the best static K is the one with the highest torch capacity
     statics = default["capacity_rps_static"]
     assert statics[default["best_static"]]["real"] == max(s["real"] for s in statics.values())

@@ -121,8 +121,9 @@ def _best(strategies: Mapping[str, Mapping[str, Any]], metric: str, oracles: set
           prefer: str | None = None) -> str | None:
     """The strategy with the highest `metric` at one shift point, oracles aside; on a tie `prefer` (the
     recommendation: as good as any means regret 0), else the first listed. None when no value is known."""
-    values = {n: v.get(metric) for n, v in strategies.items() if n not in oracles or n == prefer}
-    ordered = sorted((n for n, v in values.items() if v is not None), key=lambda n: n != prefer)
+    values: dict[str, float] = {n: v[metric] for n, v in strategies.items()
+                                if (n not in oracles or n == prefer) and v.get(metric) is not None}
+    ordered = sorted(values, key=lambda n: n != prefer)
     return max(ordered, key=lambda n: values[n]) if ordered else None
 
 

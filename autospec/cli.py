@@ -20,6 +20,7 @@ from typing import Annotated, Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autospec import __version__
@@ -590,6 +591,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
                   "(--engine sim).", soft_wrap=True)
     if summary.get("shift"):
         out.print(_shift_line(summary["shift"]), soft_wrap=True)
+    if (summary.get("outside_profile") or {}).get("warning"):
+        out.print(f"[yellow]warning:[/] {escape(summary['outside_profile']['warning'])}", soft_wrap=True)
     out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · every metric"
               f"{' with its 95% CI' if spec.repeats > 1 else ''}: {out_dir}/eval/summary.json", soft_wrap=True)
 

@@ -78,9 +78,10 @@ from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
 from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
-from autospec.fit import FittedSimEngine, load_fit
+from autospec.fit import FittedSimEngine, load_fit, profiled_grid
 from autospec.policies.base import policy_class
 from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
+from autospec.serving.coverage import outside_grid, outside_text
 from autospec.serving.loop import serve
 from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptance, summarize_repeats
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
@@ -366,9 +367,22 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     }
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
+    # which simulated figures rest on shapes the profile never measured (autospec.serving.coverage)
+    summary["outside_profile"] = _outside_profile(spec, result) if spec.engine == "sim" else None
     if out_dir is not None:
         _write_artifacts(out_dir, spec, result)
     return result
+
+
+def _outside_profile(spec: EvaluateSpec, result: EvalResult) -> dict[str, Any]:
+    """Per strategy (all repeats pooled), the fractions of decode steps, admissions and requests outside
+    the profiled grid, and the one warning line naming them (None when every shape was measured)."""
+    assert spec.profile is not None  # the simulator needs one (open_sim_replay)
+    grid = profiled_grid(spec.profile)
+    steps = dict(tuple(result.steps.groupby("strategy", sort=False)))
+    per_strategy = {name: outside_grid(requests, steps[name], grid)
+                    for name, requests in result.requests.groupby("strategy", sort=False)}
+    return {"grid": grid.model_dump(), "strategies": per_strategy, "warning": outside_text(per_strategy, grid)}
 
 
 def relative_to_baseline(one: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:

@@ -77,6 +77,7 @@ from autospec.policies.calibrators import (
 )
 from autospec.policies.sts import StsCalibration, ece
 from autospec.profile import read_parquet
+from autospec.serving.coverage import ProfiledGrid
 
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
 NOMINAL_SPLIT = 0.5  # r used for rows without an SM split: any constant r gives a one-segment fit
@@ -554,6 +555,21 @@ def load_fit(run_dir: str | Path) -> FitResult:
 
 
 # --- the simulator calibrated by a run directory ------------------------------------------------------
+
+
+def profiled_grid(run_dir: Path) -> ProfiledGrid:
+    """The largest shapes the run directory's profile measured (the target's passes): what the
+    simulator replays without extrapolating (`autospec.serving.coverage`)."""
+    latency = read_parquet(Path(run_dir) / "profile" / "latency.parquet", LATENCY_COLUMNS)
+    target = latency[latency["model"] == "target"]
+    decode, prefill = target[target["phase"] == "decode"], target[target["phase"] == "prefill"]
+
+    def largest(frame: pd.DataFrame, column: str) -> Any:
+        return frame[column].max().item() if len(frame) else None
+
+    return ProfiledGrid(decode_batch=largest(decode, "batch"), decode_context=largest(decode, "context"),
+                        verify_tokens=largest(decode, "tokens"), prefill_batch=largest(prefill, "batch"),
+                        prefill_tokens=largest(prefill, "tokens"))
 
 
 def profiled_engine(run_dir: Path) -> str:

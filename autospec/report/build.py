@@ -177,9 +177,22 @@ def _ci(cell: Any) -> str:
     return f"{_num(cell['mean'])} [{_num(lo)}, {_num(hi)}]"
 
 
+CLOSED_LOOP_HEADERS = {"throughput_tok_s": "throughput at {n} in flight (tok/s)",
+                       "throughput_vs_no_sd": "throughput × no-SD (closed loop, {n} in flight)"}
+
+
+def _outside_warning(summary: Mapping) -> str | None:
+    """evaluate's line naming the simulated shapes the profile never measured (serving.coverage)."""
+    return (summary.get("outside_profile") or {}).get("warning")
+
+
 def strategy_table(summary: Mapping) -> dict:
     rows = [[name, *(_ci(m.get(k)) for k, _ in TABLE_METRICS)] for name, m in (summary.get("strategies") or {}).items()]
-    return {"columns": ["strategy", *(h for _, h in TABLE_METRICS)], "rows": rows}
+    load = summary.get("load") or {}
+    # a closed loop's throughput is what the engine sustains at N in flight, not the arrival rate's echo
+    headers = [CLOSED_LOOP_HEADERS[k].format(n=load.get("max_concurrency")) if load.get("closed_loop")
+               and k in CLOSED_LOOP_HEADERS else h for k, h in TABLE_METRICS]
+    return {"columns": ["strategy", *headers], "rows": rows}
 
 
 def fit_table(fit) -> dict:
@@ -369,6 +382,7 @@ def build_sections(data: RunData) -> list[dict]:
         add(f"Strategies — {ev.title}", [
             {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)}, *found,
             {"kind": "text", "text": CAPACITY_TEXT} if s.get("capacity") else None,
+            {"kind": "text", "text": f"Warning — {outside}"} if (outside := _outside_warning(s)) else None,
             fig(F.speedup_bars(s, ev.title)), fig(F.attainment_vs_load(s, ev.title)),
             fig(F.latency_cdfs(ev.requests, ev.title)),
             fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
@@ -436,6 +450,8 @@ def render_summary(data: RunData) -> str:
         lines += _md_table(strategy_table(s))
         if s.get("capacity"):
             lines += [_md(CAPACITY_TEXT), ""]
+        if outside := _outside_warning(s):
+            lines += [f"**Warning —** {_md(outside)}", ""]
         lines += [f"**Finding — {_md(name)}:** {_md(line)}\n" for name, lines_ in (s.get("findings") or {}).items()
                   for line in lines_]
         for block in shift_blocks(s, data.tune_summary) or []:

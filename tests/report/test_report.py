@@ -278,3 +278,13 @@ def test_figures_are_none_without_data_and_handle_multi_objective_tuning():
     assert [b.y for b in F.param_importances(summary).data][0] == ("y", "x")
     pareto = F.tune_pareto(trials, front)
     assert EVIL not in pareto.to_json() and len(pareto.data) == 2
+
+
+def test_a_closed_loop_runs_throughput_is_labelled_for_what_it_is():
+    from autospec.report.build import strategy_table
+
+    strategies = {"no-sd": {"throughput_tok_s": {"mean": 100.0}}}
+    open_loop = strategy_table({"strategies": strategies})["columns"]
+    closed = strategy_table({"strategies": strategies, "load": {"closed_loop": True, "max_concurrency": 4}})["columns"]
+    assert "open-loop throughput (tok/s)" in open_loop
+    assert "throughput at 4 in flight (tok/s)" in closed and not any("open-loop" in c for c in closed)

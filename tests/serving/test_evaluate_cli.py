@@ -70,6 +70,7 @@ def test_evaluate_smoke_writes_the_three_files(tmp_path, workload, tiny_pair):
         assert summary["strategies"]["no-sd"][ratio]["mean"] == pytest.approx(1.0)
     assert summary["strategies"]["static-k2"]["capacity_rps"]["mean"] is None and summary["capacity"] is None
     assert summary["shift"] is None and "simulator only" in summary["shift_skipped"]
+    assert summary["outside_profile"] is None  # a real engine measures every shape it runs
     assert summary["strategies"]["no-sd"]["acceptance_rate"]["mean"] is None
     assert 0.0 <= summary["strategies"]["static-k2"]["acceptance_rate"]["mean"] <= 1.0
 

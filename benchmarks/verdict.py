@@ -4,7 +4,7 @@ engine, the per-user decode speed-up SD gives there, how far the simulator's TPO
 and whether the simulator orders a fixed set of strategies as the engine does.
 
     python benchmarks/verdict.py [--out benchmarks/results/verdict.json] [--run-dir DIR] [--no-heldout]
-                                 [--window 60] [--repeats 3] [--quick]
+                                 [--window 60] [--repeats 3] [--quick] [--keep DIR]
 
 Per workload:
 1. `autospec run` with stages profile → fit → tune (its confirmation included: `[tune] confirm_top`
@@ -307,7 +307,9 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
          window: int = typer.Option(60, "--window", min=2, help="requests replayed per probe"),
          repeats: int = typer.Option(3, "--repeats", min=1, help="replays per strategy and load for the TPOTs"),
          quick: bool = typer.Option(False, "--quick", help="tiny sizes on the committed CI profile (the test)"),
-         seed: int = typer.Option(0, "--seed")) -> None:
+         seed: int = typer.Option(0, "--seed"),
+         keep: Optional[Path] = typer.Option(None, "--keep", help="keep the runs' directories (default, heldout) "
+                                             "here instead of a temporary folder")) -> None:
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     wall: dict[str, float] = {}
@@ -316,7 +318,7 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
     if quick:
         base["profile"] = {"reuse": str(CI_PROFILE)}
     with tempfile.TemporaryDirectory(prefix="verdict_") as tmp:
-        tmp_dir = Path(tmp)
+        tmp_dir = Path(tmp) if keep is None else keep
         if run_dir is None:
             run_dir = autospec_run(base, tmp_dir / "default")
         elif not (run_dir / "tune" / "summary.json").is_file():

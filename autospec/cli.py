@@ -307,13 +307,14 @@ def _budget_line(run: dict) -> str:
 
 def _print_run(result: dict, out_dir: Path) -> None:
     tune = result.get("tune")
+    engine = result.get("real_engine", "torch")
     table = Table(title="autospec run — capacity at the SLO (simulator), SLO attainment at the workload's load "
-                        "(torch engine) and per-user decode speed (1/TPOT) over no-sd")
+                        f"({engine} engine) and per-user decode speed (1/TPOT) over no-sd")
     table.add_column("strategy")
     table.add_column("simulator capacity (req/s)", justify="right")
     table.add_column("simulator decode ×no-SD", justify="right")
-    table.add_column("torch engine SLO attained", justify="right")
-    table.add_column("torch engine decode ×no-SD", justify="right")
+    table.add_column(f"{engine} engine SLO attained", justify="right")
+    table.add_column(f"{engine} engine decode ×no-SD", justify="right")
     sim = (result.get("evaluate_sim") or {}).get("strategies", {})
     real = (result.get("evaluate_real") or {}).get("strategies", {})
 
@@ -591,8 +592,10 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
                   "(--engine sim).", soft_wrap=True)
     if summary.get("shift"):
         out.print(_shift_line(summary["shift"]), soft_wrap=True)
-    if (summary.get("outside_profile") or {}).get("warning"):
-        out.print(f"[yellow]warning:[/] {escape(summary['outside_profile']['warning'])}", soft_wrap=True)
+    warnings = ((summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"))
+    for warning in warnings:
+        if warning:
+            out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     out.print(f"SLO: TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s · every metric"
               f"{' with its 95% CI' if spec.repeats > 1 else ''}: {out_dir}/eval/summary.json", soft_wrap=True)
 
@@ -692,7 +695,8 @@ def tune(
     strategies: Optional[str] = typer.Option(None, "--strategies", help="comma-separated candidates (default: "
                                              "every preset but the oracles and the fixed static-kN)"),
     confirm_top: int = typer.Option(0, "--confirm-top", help="confirm the best N deployable configurations and "
-                                    "the best static K on the torch engine around the simulator's capacity point; "
+                                    "the best static K on the real engine (torch; vLLM for a vLLM profile) around the "
+                                    "simulator's capacity point; "
                                     "deploy/ gets the real engine's recommendation"),
     confirm_repeats: int = typer.Option(2, "--confirm-repeats", help="real-engine repeats per candidate and load"),
     confirm_requests: int = typer.Option(120, "--confirm-requests", help="the confirmation's window: the "
@@ -769,7 +773,8 @@ def _print_confirmation(confirmed: dict) -> None:
     if not confirmed.get("candidates"):
         out.print(confirmed["status"], soft_wrap=True)
         return
-    table = Table(title=f"confirmed on the torch engine at {', '.join(f'{s:.3g}' for s in confirmed['scales'])}x "
+    engine = "vLLM" if confirmed.get("engine") == "vllm" else "the torch engine"
+    table = Table(title=f"confirmed on {engine} at {', '.join(f'{s:.3g}' for s in confirmed['scales'])}x "
                         f"the window's rate ({confirmed['window_requests']} requests, {confirmed['repeats']} repeats)")
     for header in ("candidate", "why", "real SLO attained [95% CI]", "simulator", "tie"):
         table.add_column(header, justify="left" if header in ("candidate", "why") else "right")

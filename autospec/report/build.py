@@ -181,9 +181,21 @@ CLOSED_LOOP_HEADERS = {"throughput_tok_s": "throughput at {n} in flight (tok/s)"
                        "throughput_vs_no_sd": "throughput × no-SD (closed loop, {n} in flight)"}
 
 
-def _outside_warning(summary: Mapping) -> str | None:
-    """evaluate's line naming the simulated shapes the profile never measured (serving.coverage)."""
-    return (summary.get("outside_profile") or {}).get("warning")
+def _warnings(summary: Mapping) -> list[str]:
+    """evaluate's warning lines: simulated shapes the profile never measured (serving.coverage), a real
+    engine's host running off its profiled speed (autospec.profile.HostSpeedCheck)."""
+    lines = [(summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note")]
+    return [line for line in lines if line]
+
+
+def disturbed_note(pairs: list[tuple[dict, dict, str]]) -> str | None:
+    """A line for the simulator-vs-real table when a real side ran on a disturbed host: its error then
+    measures the host, not the simulator."""
+    off = [label for _sim, real, label in pairs if (real.get("host_speed") or {}).get("disturbed")]
+    if not off:
+        return None
+    return ("Not a judgement of the simulator: the real engine's host ran off its profiled speed during "
+            f"{', '.join(off)} (see that evaluation's warning); re-run the real replay on a quiet host.")
 
 
 def strategy_table(summary: Mapping) -> dict:
@@ -287,7 +299,8 @@ def confirmation_text(summary: Mapping) -> str | None:
     if not confirmed.get("candidates"):
         return f"Real-engine confirmation: {confirmed.get('status')}."
     scales = ", ".join(f"{s:.3g}" for s in confirmed["scales"])
-    return (f"Confirmed on the torch engine on the workload's first {confirmed['window_requests']} requests at "
+    engine = "vLLM" if confirmed.get("engine") == "vllm" else "the torch engine"
+    return (f"Confirmed on {engine} on the workload's first {confirmed['window_requests']} requests at "
             f"{scales}× their arrival rate (around the simulator's capacity at the SLO), {confirmed['repeats']} "
             f"repeat(s) each; candidates whose CIs overlap the best's tie, and a tie goes to the simpler "
             f"configuration. Recommended (in deploy/): {confirmed['reason']}.")
@@ -382,14 +395,16 @@ def build_sections(data: RunData) -> list[dict]:
         add(f"Strategies — {ev.title}", [
             {"kind": "text", "text": text}, {"kind": "table", **strategy_table(s)}, *found,
             {"kind": "text", "text": CAPACITY_TEXT} if s.get("capacity") else None,
-            {"kind": "text", "text": f"Warning — {outside}"} if (outside := _outside_warning(s)) else None,
+            *({"kind": "text", "text": f"Warning — {line}"} for line in _warnings(s)),
             fig(F.speedup_bars(s, ev.title)), fig(F.attainment_vs_load(s, ev.title)),
             fig(F.latency_cdfs(ev.requests, ev.title)),
             fig(F.pareto(s, ev.title)), fig(F.timeline(ev.steps, ev.title)), fig(F.eval_acceptance(s, ev.title))])
         add(f"{SHIFT_TITLE} — {ev.title}", shift_blocks(s, data.tune_summary) or [])
     pairs = sim_real_pairs(data.evals)
     if pairs:
-        add("Simulator vs real engine", [{"kind": "table", **comparison_table(pairs)}, fig(F.sim_vs_real(pairs))])
+        note = disturbed_note(pairs)
+        add("Simulator vs real engine", [{"kind": "text", "text": f"Warning — {note}"} if note else None,
+                                         {"kind": "table", **comparison_table(pairs)}, fig(F.sim_vs_real(pairs))])
     if data.fit is not None:
         add("Latency model fit", [{"kind": "table", **fit_table(data.fit)}, fig(F.latency_fit(data.latency, data.fit))])
         cal_table = calibration_table(data.fit)
@@ -450,8 +465,8 @@ def render_summary(data: RunData) -> str:
         lines += _md_table(strategy_table(s))
         if s.get("capacity"):
             lines += [_md(CAPACITY_TEXT), ""]
-        if outside := _outside_warning(s):
-            lines += [f"**Warning —** {_md(outside)}", ""]
+        for line in _warnings(s):
+            lines += [f"**Warning —** {_md(line)}", ""]
         lines += [f"**Finding — {_md(name)}:** {_md(line)}\n" for name, lines_ in (s.get("findings") or {}).items()
                   for line in lines_]
         for block in shift_blocks(s, data.tune_summary) or []:
@@ -461,7 +476,10 @@ def render_summary(data: RunData) -> str:
                 lines += _md_table(block)
     pairs = sim_real_pairs(data.evals)
     if pairs:
-        lines += ["## Simulator vs real engine", ""] + _md_table(comparison_table(pairs))
+        lines += ["## Simulator vs real engine", ""]
+        if note := disturbed_note(pairs):
+            lines += [f"**Warning —** {_md(note)}", ""]
+        lines += _md_table(comparison_table(pairs))
     if data.fit is not None:
         sts = data.fit.models.sts
         lines += ["## Latency model fit", ""] + _md_table(fit_table(data.fit))

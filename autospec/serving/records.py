@@ -124,6 +124,9 @@ class ServeRecords:
     steps: StepLog
     wall_s: float  # host time the replay took (not the engine's clock)
     findings: list[str] = field(default_factory=list)  # the strategy's, after the replay (Strategy.findings)
+    # the host's speed before and after the run relative to the profile's (autospec.profile.HostSpeedCheck);
+    # empty when the replay had no check (the simulator, vLLM)
+    host_speed: list[float] = field(default_factory=list)
 
     def _per_request(self) -> dict[str, list[np.ndarray]]:
         """Token times and per-round counts of each request (in `self.requests` order), from the step

@@ -91,6 +91,9 @@ class Replay:
     probe: Any = None
     # what policies take from the run's fit by default (FitResult.policy_inputs); None = no fit
     fit: Mapping[str, Any] | None = None
+    # a real engine's host-speed check (autospec.profile.HostSpeedCheck: now / profiled), run before and
+    # after every run into ServeRecords.host_speed; None = no check (the simulator, no torch profile)
+    speed_check: Callable[[], float] | None = None
 
     def build(self, strategy: StrategySpec) -> Strategy:
         """The strategy's policies as this replay runs them: with the fit's defaults (apply_fit)."""
@@ -108,11 +111,18 @@ class Replay:
 
     def run(self, strategy: StrategySpec, seed: int, *, on_finish: Callable | None = None,
             requests: list[ServeRequest] | None = None) -> ServeRecords:
-        """Serve the workload (or `requests`) once under `strategy` on the engine for `seed`."""
-        return serve(self.engine_for(seed), self.build(strategy),
-                     self.requests if requests is None else requests, max_batch=self.max_batch,
-                     settings=self.settings(strategy), kv_budget_tokens=self.kv_budget_tokens,
-                     on_finish=on_finish, max_concurrency=self.max_concurrency)
+        """Serve the workload (or `requests`) once under `strategy` on the engine for `seed` (between two
+        host-speed checks when the replay has one)."""
+        # the check first: it drives the engine, and engine_for(seed) then seeds the run's random stream
+        before = self.speed_check() if self.speed_check is not None else None
+        engine = self.engine_for(seed)
+        records = serve(engine, self.build(strategy), self.requests if requests is None else requests,
+                        max_batch=self.max_batch, settings=self.settings(strategy),
+                        kv_budget_tokens=self.kv_budget_tokens, on_finish=on_finish,
+                        max_concurrency=self.max_concurrency)
+        if self.speed_check is not None and before is not None:
+            records.host_speed = [before, self.speed_check()]
+        return records
 
 
 def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = None, slo: Slo | None = None,

@@ -76,3 +76,20 @@ def test_bad_run_config_is_one_line_and_exit_2(tmp_path):
     res = run_cli(str(config), "--out", str(tmp_path / "r"))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_vllm_run_on_a_torch_profile_is_one_line_and_exit_2(tmp_path):
+    """`[engine] kind = "vllm"` reusing a torch profile: the simulator and the confirmation follow the
+    profile, so the run would compare unlike engines; refused before any stage (without vLLM: the
+    install hint, also before any stage)."""
+    from autospec.serving.vllm.engine import VLLM_MISSING, vllm_available
+
+    profiled = write_synthetic_run(tmp_path / "profiled")
+    (tmp_path / "w.toml").write_text(WORKLOAD)
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "w.toml"\n[engine]\nkind = "vllm"\n[profile]\nreuse = "{profiled}"\n')
+    res = run_cli(str(config), "--out", str(tmp_path / "r"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    expected = "profile.reuse measured the torch engine" if vllm_available() else VLLM_MISSING.split(":")[0]
+    assert expected in res.stderr
+    assert not (tmp_path / "r").exists()

@@ -71,6 +71,7 @@ def test_evaluate_smoke_writes_the_three_files(tmp_path, workload, tiny_pair):
     assert summary["strategies"]["static-k2"]["capacity_rps"]["mean"] is None and summary["capacity"] is None
     assert summary["shift"] is None and "simulator only" in summary["shift_skipped"]
     assert summary["outside_profile"] is None  # a real engine measures every shape it runs
+    assert summary["host_speed"] is None  # no --profile: no profiled speed to check the host against
     assert summary["strategies"]["no-sd"]["acceptance_rate"]["mean"] is None
     assert 0.0 <= summary["strategies"]["static-k2"]["acceptance_rate"]["mean"] <= 1.0
 

@@ -19,7 +19,7 @@ import gc
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from autospec.errors import InputError
 from autospec.serving.records import ServeRecords
@@ -28,7 +28,9 @@ from autospec.serving.vllm.speculative_config import speculative_config_for, vll
 from autospec.serving.vllm.step_log import ClientRecord, read_step_log, records_from_steps
 from autospec.strategy import StrategySpec
 
-__all__ = ["VllmReplayer"]
+__all__ = ["VllmReplayer", "VllmWindowReplay"]
+
+RunOnce = Callable[..., ServeRecords]  # VllmReplayer.session's run(requests, repeat, on_finish=None)
 
 
 class VllmReplayer:
@@ -62,6 +64,15 @@ class VllmReplayer:
     def replay(self, spec: StrategySpec, requests: Sequence[Any], repeats: int,
                on_start: Callable[[int], Callable[[int], None] | None] | None = None) -> list[ServeRecords]:
         """ServeRecords for each repeat of `requests` under `spec`, on one engine."""
+        with self.session(spec, requests) as run:
+            return [run(requests, repeat, on_start(repeat) if on_start is not None else None)
+                    for repeat in range(repeats)]
+
+    @contextlib.contextmanager
+    def session(self, spec: StrategySpec, requests: Sequence[Any]) -> Iterator[RunOnce]:
+        """One engine for `spec`, sized for the longest of `requests` and warmed up on them; yields
+        run(requests, repeat, on_finish) -> ServeRecords, which replays a request list (any subset or
+        rescaling of `requests`) at its trace times on it. The engine is shut down on exit."""
         require_vllm()
         set_env_defaults()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -82,17 +93,19 @@ class VllmReplayer:
             loop = asyncio.new_event_loop()
             try:
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+                held = [engine]  # what run() serves on; emptied with the engine's shutdown
                 try:
-                    out = []
                     loop.run_until_complete(self._warm_up(engine, requests))
-                    for repeat in range(repeats):
-                        on_finish = on_start(repeat) if on_start is not None else None
+
+                    def run(batch: Sequence[Any], repeat: int,
+                            on_finish: Callable[[int], None] | None = None) -> ServeRecords:
                         t0 = time.perf_counter()
-                        client = loop.run_until_complete(self._submit_all(engine, requests, t0, repeat, on_finish))
+                        client = loop.run_until_complete(self._submit_all(held[0], batch, t0, repeat, on_finish))
                         wall = time.perf_counter() - t0
                         steps = read_step_log(log_path, t0)
-                        out.append(records_from_steps(spec.name, requests, steps, t0, client, wall))
-                    return out
+                        return records_from_steps(spec.name, batch, steps, t0, client, wall)
+
+                    yield run
                 finally:
                     engine.shutdown()
                     loop.run_until_complete(asyncio.sleep(0))  # let cancelled handler tasks finish
@@ -104,6 +117,7 @@ class VllmReplayer:
                     # its module globals gone and prints "Exception ignored in AsyncLLM.__del__" (issue
                     # 17). shutdown() is idempotent, so the second call from __del__ does nothing.
                     del engine
+                    held.clear()
                     gc.collect()
             finally:
                 loop.close()
@@ -161,3 +175,38 @@ class VllmReplayer:
         if sdm is not None:
             rec.spec_steps = list(zip(sdm.per_step_drafted, sdm.per_step_accepted))
         return rec
+
+
+class VllmWindowReplay:
+    """A request window on vLLM with the simulator's replay interface — `requests`, `slo`, `k_max`,
+    `run(spec, seed, requests=...)` — for what replays one window many times under few strategies
+    (`autospec.confirm`, a capacity search): every run of a strategy reuses one engine, started at its
+    first run and shut down when another strategy runs or at `close()` [why: a vLLM engine takes ~20 s
+    to start on a CPU; a confirmation replays each strategy at three loads and two repeats]. The run's
+    `seed` − the replayer's seed is its repeat (vLLM's seed is the engine's; it seeds sampled drafts)."""
+
+    def __init__(self, replayer: VllmReplayer, requests: Sequence[Any], slo: Any, k_max: int):
+        self.replayer, self.requests, self.slo, self.k_max = replayer, list(requests), slo, k_max
+        self._open: tuple[str, RunOnce] | None = None
+        self._stack = contextlib.ExitStack()
+
+    def run(self, spec: StrategySpec, seed: int, *, requests: Sequence[Any] | None = None,
+            on_finish: Callable[[int], None] | None = None) -> ServeRecords:
+        key = spec.model_dump_json()
+        if self._open is None or self._open[0] != key:
+            self.close()
+            self._open = (key, self._stack.enter_context(self.replayer.session(spec, self.requests)))
+        return self._open[1](self.requests if requests is None else requests, max(0, seed - self.replayer.seed),
+                             on_finish)
+
+    def close(self) -> None:
+        """Shut the open engine down (a later run starts another)."""
+        self._open = None
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "VllmWindowReplay":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()

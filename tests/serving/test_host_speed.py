@@ -1,0 +1,93 @@
+"""The host-speed check (`autospec.profile.HostSpeedCheck`): a real replay measures the host it ran on,
+and on a shared VM that host drifts; every torch run is bracketed by a check against the profile, and
+evaluate, its CLI line, the report and the confirmation say when a run went outside 1 ± tolerance.
+
+No test asserts a measured speed (a noisy host is the point): the ratios are checked for being
+measured, and the flags for following the ratios, with the check's measurement replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from autospec import profile as profile_stage
+from autospec.config import EngineSpec, PairSpec
+from autospec.evaluate import EvaluateSpec, host_speed_summary, open_sim_replay, run_evaluate
+from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
+from autospec.report.build import write_report
+from autospec.serving.factory import build_engine
+from autospec.strategy import load_preset
+from autospec.workloads.spec import load_workload
+
+from autospec_testing import REPO
+from stage_helpers import synthetic_workload, write_synthetic_run
+
+PROFILE = REPO / "reports" / "ci-profile"  # a real profile + fit of the bundled pair, committed
+WORKLOAD = synthetic_workload("host-speed", rate=20, duration_s=1, max_requests=4, prompt_tokens=24,
+                              output_tokens=6, domains=False)
+
+
+def test_the_check_times_a_profiled_shape_and_leaves_the_engine_empty(bundled_pair):
+    engine = build_engine(PairSpec(), EngineSpec(k_max=8), 0.0)
+    check = HostSpeedCheck.from_profile(engine, PROFILE)
+    assert check is not None and (check.batch, check.tokens, check.context) == (8, 3, 128)
+    lat = pd.read_parquet(PROFILE / "profile" / "latency.parquet")
+    rows = lat[(lat.model == "target") & (lat.phase == "decode") & (lat.batch == 8) & (lat.tokens == 3)]
+    nearest = rows.iloc[(rows.context - 128).abs().argmin()]
+    assert check.profiled_s == pytest.approx(nearest.median_s)
+    ratio = check()
+    assert math.isfinite(ratio) and ratio > 0
+    assert engine.active_ids() == []  # its requests are removed: a replay starts from an empty engine
+
+
+def test_no_check_without_a_torch_profile(tmp_path, bundled_pair):
+    engine = build_engine(PairSpec(), EngineSpec(k_max=8), 0.0)
+    assert HostSpeedCheck.from_profile(engine, write_synthetic_run(tmp_path / "v", engine="vllm")) is None
+    assert HostSpeedCheck.from_profile(engine, tmp_path / "nowhere") is None
+
+
+def test_the_flags_follow_the_ratios():
+    assert not disturbed([1.0, 1.0 + HOST_SPEED_TOLERANCE * 0.9, 1.0 - HOST_SPEED_TOLERANCE * 0.9])
+    assert disturbed([1.02, 1.0 + HOST_SPEED_TOLERANCE * 1.5]) and disturbed([1.0 - HOST_SPEED_TOLERANCE * 1.5])
+    assert host_speed_summary({"no-sd": []}) is None
+    quiet = host_speed_summary({"no-sd": [1.01, 0.97], "static-k2": []})
+    assert quiet["disturbed"] is False and quiet["note"] is None and quiet["range"] == [0.97, 1.01]
+    assert set(quiet["ratios"]) == {"no-sd"}
+    off = host_speed_summary({"no-sd": [1.01, 1.6]})
+    assert off["disturbed"] is True and "1.01-1.60x the profiled step time" in off["note"]
+
+
+def test_a_replay_brackets_each_run_and_the_check_does_not_change_it(tmp_path):
+    (tmp_path / "w.toml").write_text(WORKLOAD)
+    replay = open_sim_replay(PROFILE, load_workload(tmp_path / "w.toml"))
+    calls = []
+
+    def check() -> float:
+        calls.append(1)
+        return 1.25
+
+    checked = dataclasses.replace(replay, speed_check=check)
+    spec = load_preset("static-k2")
+    plain, bracketed = replay.run(spec, 0), checked.run(spec, 0)
+    assert plain.host_speed == [] and bracketed.host_speed == [1.25, 1.25] and len(calls) == 2
+    pd.testing.assert_frame_equal(plain.requests_frame(), bracketed.requests_frame())
+
+
+def test_a_disturbed_torch_evaluation_is_flagged_in_the_summary_and_the_report(tmp_path, bundled_pair, monkeypatch):
+    (tmp_path / "w.toml").write_text(WORKLOAD)
+    spec = EvaluateSpec(workload=tmp_path / "w.toml", strategies=["static-k2"], engine="torch", profile=PROFILE,
+                        max_batch=2)
+    quiet = run_evaluate(spec, None).summary["host_speed"]
+    assert set(quiet["ratios"]) == {"no-sd", "static-k2"}  # measured around each run: before and after
+    assert all(len(r) == 2 and all(x > 0 for x in r) for r in quiet["ratios"].values())
+    monkeypatch.setattr(profile_stage.HostSpeedCheck, "__call__", lambda self: 1.5)
+    run_evaluate(spec, tmp_path / "run")
+    summary = (tmp_path / "run" / "eval" / "summary.json").read_text()
+    assert '"disturbed": true' in summary and "1.50-1.50x the profiled step time" in summary
+    write_report(tmp_path / "run")
+    markdown = (tmp_path / "run" / "summary.md").read_text()
+    assert "**Warning —** the host ran 1.50-1.50x the profiled step time" in markdown

@@ -379,13 +379,30 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
         print(f"default run: {run_dir} ({wall['default_run']:.0f} s)")
         default = verdict_of_run(run_dir, window, repeats, seed)
         wall["default_verdict"] = round(time.perf_counter() - t0 - wall["default_run"], 1)
-        held: dict[str, Any] | None = None
-        held_reason = None
+
+        def write(held: dict[str, Any] | None, status: str) -> dict[str, Any]:
+            """The result as it stands (written once the default is judged, again with the held-out
+            trace: its real-time replays take the longest, and a stopped run keeps the default's)."""
+            wall["total"] = round(time.perf_counter() - t0, 1)
+            result = {"schema_version": SCHEMA_VERSION, "quick": quick, "goals": GOALS,
+                      **{k: default[k] for k in ("capacity_rps", "tpot_speedup", "sim_real_tpot_err_max",
+                                                 "rank_agreement")},
+                      "goals_met": goals_of(default), "default": default, "heldout": held, "heldout_status": status,
+                      "settings": {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET,
+                                   "real_rel_tol": REAL_REL_TOL, "real_engine": "torch, bundled pair, cpu",
+                                   "run": base},
+                      "host_speed": host_speed_record(),
+                      "wall_s": wall, "load_average_at_start": load_start,
+                      "load_average_at_end": list(os.getloadavg()), "hardware": hardware_info()}
+            write_json(out, result)
+            return result
+
         if not heldout:
-            held_reason = "skipped (--no-heldout)"
+            result = write(None, "skipped (--no-heldout)")
         elif not SHARED_TRACE.is_file():
-            held_reason = f"skipped: {SHARED_TRACE} not found"
+            result = write(None, f"skipped: {SHARED_TRACE} not found")
         else:
+            write(None, "not measured: the run stopped before the held-out trace was judged")
             t1 = time.perf_counter()
             workload = tmp_dir / "azure-code-heldout.toml"
             workload.write_text(HELDOUT_WORKLOAD.format(trace=SHARED_TRACE.resolve()), encoding="utf-8")
@@ -394,18 +411,7 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
             held = verdict_of_run(held_run, window, repeats, seed)
             held["workload"] = "../shared/data/azure_llm_2023_code.csv, minutes 40-45 (azure-code-heldout)"
             wall["heldout"] = round(time.perf_counter() - t1, 1)
-    wall["total"] = round(time.perf_counter() - t0, 1)
-    result = {"schema_version": SCHEMA_VERSION, "quick": quick, "goals": GOALS,
-              **{k: default[k] for k in ("capacity_rps", "tpot_speedup", "sim_real_tpot_err_max", "rank_agreement")},
-              "goals_met": goals_of(default), "default": default,
-              "heldout": held, "heldout_status": held_reason or "measured (no goals)",
-              "settings": {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET,
-                           "real_rel_tol": REAL_REL_TOL, "real_engine": "torch, bundled pair, cpu",
-                           "run": base},
-              "host_speed": host_speed_record(),
-              "wall_s": wall, "load_average_at_start": load_start, "load_average_at_end": list(os.getloadavg()),
-              "hardware": hardware_info()}
-    write_json(out, result)
+            result = write(held, "measured (no goals)")
     cap = default["capacity_rps"]
     print("capacity at the SLO (req/s), sim / torch: " + ", ".join(
         f"{role} ({c['strategy']}) {c['sim'] or 0:.3g} / {c['real'] or 0:.3g}" for role, c in cap.items()))

@@ -170,16 +170,18 @@ class HostSpeedCheck:
     @classmethod
     def from_profile(cls, engine: Any, run_dir: Path) -> "HostSpeedCheck | None":
         """The check against `run_dir`'s torch profile at the profiled shape nearest HOST_SPEED_SHAPE;
-        None when there is no torch latency profile (vLLM's: its steps are not this engine's)."""
+        None when there is no torch latency profile (vLLM's: its steps are not this engine's), the
+        profile measured a target of another shape (its manifest's config.json hash), or the engine has
+        no draft model."""
         path = Path(run_dir) / "profile" / "latency.parquet"
         meta_path = Path(run_dir) / "profile" / "profile.json"
-        if not path.is_file():
+        if not path.is_file() or getattr(engine, "draft_model", None) is None:  # the check drafts
             return None
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         except ValueError:
             meta = {}
-        if (meta.get("engine") or "torch") != "torch":
+        if (meta.get("engine") or "torch") != "torch" or not _same_shape_target(engine, Path(run_dir)):
             return None
         rows = pd.read_parquet(path)
         rows = rows[(rows["model"] == "target") & (rows["phase"] == "decode")]
@@ -200,6 +202,18 @@ class HostSpeedCheck:
         cell = time_engine_calls(self.engine, self.batch, self.context, settings, np.random.default_rng(0),
                                  widths=[self.tokens])
         return float(np.median(cell["verify"][self.tokens][0])) / self.profiled_s
+
+
+def _same_shape_target(engine: Any, run_dir: Path) -> bool:
+    """Whether `engine`'s target has the config.json the profile's manifest recorded — the same shape,
+    so the same step cost (weights do not change it); True when either side cannot tell."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+        recorded = manifest["models"]["target"]["sha256"]["config.json"]
+        config = Path(engine.target.path) / "config.json"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True
+    return not config.is_file() or artifacts.sha256_file(config) == recorded
 
 
 def disturbed(ratios: Sequence[float], tolerance: float = HOST_SPEED_TOLERANCE) -> bool:

@@ -44,10 +44,13 @@ def test_the_check_times_a_profiled_shape_and_leaves_the_engine_empty(bundled_pa
     assert engine.active_ids() == []  # its requests are removed: a replay starts from an empty engine
 
 
-def test_no_check_without_a_torch_profile(tmp_path, bundled_pair):
+def test_no_check_without_a_torch_profile_of_the_same_shape(tmp_path, bundled_pair, tiny_pair):
     engine = build_engine(PairSpec(), EngineSpec(k_max=8), 0.0)
     assert HostSpeedCheck.from_profile(engine, write_synthetic_run(tmp_path / "v", engine="vllm")) is None
     assert HostSpeedCheck.from_profile(engine, tmp_path / "nowhere") is None
+    # another target shape than the profile's (its manifest's config.json): its steps cost something else
+    other = build_engine(PairSpec(target=tiny_pair[0], draft=tiny_pair[1]), EngineSpec(k_max=8), 0.0)
+    assert HostSpeedCheck.from_profile(other, PROFILE) is None
 
 
 def test_the_flags_follow_the_ratios():

@@ -4,7 +4,7 @@ engine, the per-user decode speed-up SD gives there, how far the simulator's TPO
 and whether the simulator orders a fixed set of strategies as the engine does.
 
     python benchmarks/verdict.py [--out benchmarks/results/verdict.json] [--run-dir DIR] [--no-heldout]
-                                 [--window 60] [--repeats 3] [--quick] [--keep DIR]
+                                 [--window 60] [--repeats 3] [--quick] [--keep DIR] [--default-from JSON]
 
 Per workload:
 1. `autospec run` with stages profile → fit → tune (its confirmation included: `[tune] confirm_top`
@@ -37,6 +37,8 @@ A held-out real trace — the Azure 2023 code trace in ../shared/data (its 40th�
 `azure-code-cpu` workload uses minutes 30–35, and the embedded default is synthetic) — gets the same
 figures with the profile of the default run (same pair, same host), no goals; it is skipped, with the
 reason, when ../shared/data is absent. `verdict_vllm.json` (the same on vLLM-CPU) is not built yet.
+`--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run and
+judges only the held-out trace.
 
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
@@ -339,6 +341,30 @@ def schedule_headroom(run_dir: Path, static_k: int, batches: list[int], context_
             "max_gain": max(r["gain_over_static"] for r in rows.values())}
 
 
+def earlier_default(path: Path, run_dir: Path, window: int, repeats: int, seed: int,
+                    quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
+    """The default's figures from an earlier verdict JSON (`--default-from`), so the held-out trace can be
+    judged alone: the default's torch replays take ~25 min. Its settings must be this run's, and `--run-dir`
+    must be the run it judged (its profile is the one the held-out run reuses)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read an earlier verdict: {exc}", path=path, field="default-from") from None
+    settings = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
+    wanted = {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET}
+    differ = {k: (settings.get(k), v) for k, v in wanted.items() if settings.get(k) != v}
+    if not isinstance(earlier.get("default"), dict) or earlier.get("quick") != quick or differ:
+        raise InputError(f"not a verdict judged with these settings (differ: {differ or 'quick/default'})",
+                         path=path, field="default-from")
+    tuned = load_preset(run_dir / "tune" / "best.toml").model_dump(mode="json")
+    if earlier["default"].get("tuned", {}).get("spec") != tuned:
+        raise InputError(f"its tuned strategy is not {run_dir}/tune/best.toml: judged on another run",
+                         path=path, field="default-from")
+    default = {**earlier["default"], "host_speed": earlier.get("host_speed"),
+               "judged_at_load_average": [earlier.get("load_average_at_start"), earlier.get("load_average_at_end")]}
+    return default, {k: v for k, v in earlier.get("wall_s", {}).items() if k != "total"}
+
+
 def goals_of(figures: dict[str, Any]) -> dict[str, Any]:
     def met(value: float | None, goal: float, higher: bool) -> bool | None:
         return None if value is None else (value >= goal if higher else value <= goal)
@@ -359,7 +385,10 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
          quiet_retries: int = typer.Option(QUIET_RETRIES, "--quiet-retries", min=0,
                                            help="re-runs of a real run whose host ran off its profiled speed"),
          keep: Optional[Path] = typer.Option(None, "--keep", help="keep the runs' directories (default, heldout) "
-                                             "here instead of a temporary folder")) -> None:
+                                             "here instead of a temporary folder"),
+         default_from: Optional[Path] = typer.Option(None, "--default-from", help="take the default's figures "
+                                                     "from this verdict JSON (judged on --run-dir) and judge only "
+                                                     "the held-out trace")) -> None:
     QUIET.update(retries=0 if quick else quiet_retries, drop=not quick)
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
@@ -377,8 +406,12 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
                              field="run-dir")
         wall["default_run"] = round(time.perf_counter() - t0, 1)
         print(f"default run: {run_dir} ({wall['default_run']:.0f} s)")
-        default = verdict_of_run(run_dir, window, repeats, seed)
-        wall["default_verdict"] = round(time.perf_counter() - t0 - wall["default_run"], 1)
+        if default_from is None:
+            default = verdict_of_run(run_dir, window, repeats, seed)
+            wall["default_verdict"] = round(time.perf_counter() - t0 - wall["default_run"], 1)
+        else:
+            default, earlier_wall = earlier_default(default_from, run_dir, window, repeats, seed, quick)
+            wall.update({f"default_{k}": v for k, v in earlier_wall.items()})
 
         def write(held: dict[str, Any] | None, status: str) -> dict[str, Any]:
             """The result as it stands (written once the default is judged, again with the held-out

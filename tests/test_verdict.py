@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from autospec.strategy import preset_path
+
 from benchmarks import verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,3 +88,47 @@ def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1 and "tune/summary.json" in res.stderr
     assert not (tmp_path / "v.json").exists()
+
+
+def _finished_run(path: Path) -> Path:
+    """The two files verdict.py checks before judging a run directory (a torch run with every default)."""
+    (path / "tune").mkdir(parents=True)
+    (path / "tune" / "summary.json").write_text("{}")
+    (path / "config.toml").write_text("")
+    return path
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--engine", "vllm"], "a run on the torch engine, not --engine vllm"),
+    (["--engine", "tpu"], "unknown engine 'tpu'"),
+    (["--default-from", "missing.json"], "cannot read an earlier verdict"),
+])
+def test_a_run_dir_of_another_engine_or_a_bad_earlier_verdict_is_one_line_and_exit_2(tmp_path, args, says):
+    run = _finished_run(tmp_path / "run")
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--run-dir", str(run),
+                          "--out", str(tmp_path / "v.json"), *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr
+    assert not (tmp_path / "v.json").exists()
+
+
+def test_an_earlier_verdict_of_other_settings_or_another_run_is_refused(tmp_path):
+    from autospec.errors import InputError
+
+    run = _finished_run(tmp_path / "run")
+    (run / "tune" / "best.toml").write_text(preset_path("static-k2").read_text())
+    tuned = verdict.load_preset(run / "tune" / "best.toml").model_dump(mode="json")
+    earlier = {"quick": False, "settings": {"window_requests": 60, "repeats": 3, "seed": 0, "target": 0.9},
+               "default": {"tuned": {"spec": tuned}, "capacity_rps": {}}, "host_speed": {"runs": 1},
+               "wall_s": {"default_verdict": 10.0, "total": 10.0}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    default, wall = verdict.earlier_default(path, run, 60, 3, 0, False)
+    assert default["host_speed"] == {"runs": 1} and wall == {"default_verdict": 10.0}
+    with pytest.raises(InputError, match="repeats"):
+        verdict.earlier_default(path, run, 60, 2, 0, False)
+    earlier["default"]["tuned"]["spec"] = {**tuned, "length": {"policy": "static", "k": 3}}
+    path.write_text(json.dumps(earlier))
+    with pytest.raises(InputError, match="judged on another run"):
+        verdict.earlier_default(path, run, 60, 3, 0, False)

@@ -54,8 +54,10 @@ neighbours; the VM reports no steal). So every torch run is bracketed by the hos
 a run outside 1 ± 0.10 is retried up to QUIET_RETRIES times QUIET_WAIT_S apart, and a TPOT run still
 off after that counts as unmeasured (None; never used to judge the simulator). `host_speed` in the
 result counts tries, retries and what stayed disturbed. Run it alone (the result also records the load
-average at start and end). Cost on a quiet 2-core CPU: ~6 min per `autospec run`, then ~10 min of
-torch replays per workload. `--quick` (for the test) reuses the committed CI profile, a 6-trial tune and
+average at start and end). Cost on a quiet 2-core CPU, measured: the default's `autospec run` ~3 min and
+its torch replays ~23 min; the held-out trace's `autospec run` ~17 min and ~15 min of torch replays per
+capacity search (its arrivals are sparser, so a 60-request window lasts longer): ~2.5 h, which is why
+`--default-from` exists. `--quick` (for the test) reuses the committed CI profile, a 6-trial tune and
 tiny windows.
 """
 

@@ -297,7 +297,16 @@ class CompactLlama:
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, Q, 1, D]
         kv_len = int((lens + Q).max())
         row_list = rows.tolist()
-        contiguous = row_list == list(range(row_list[0], row_list[0] + B))
+        first = min(row_list)
+        # The rows are one block of slots (the engine keeps slots dense, so a step over every live request
+        # is one): attend to a view of that block instead of gathering its K/V, which copies the whole
+        # context per layer and cost +50% per batch-8 verify in a replay, where the batch's order is
+        # rarely the slots' order. Only the queries (and the mask) are put in slot order, and back.
+        contiguous = sorted(row_list) == list(range(first, first + B))
+        order = restore = None
+        if contiguous and row_list != list(range(first, first + B)):
+            order = torch.argsort(rows)
+            restore = torch.argsort(order)
         # A mask is only needed when rows differ in length or several queries must be causal.
         needs_mask = Q > 1 or bool((lens != lens[0]).any())
         mask = None
@@ -334,14 +343,18 @@ class CompactLlama:
             # cache layout is [slot, kv_head, pos, dim]; write the new K/V rows at (slot, :, pos)
             kv_layer[0].permute(0, 2, 1, 3).index_put_((row_index, positions), k)
             kv_layer[1].permute(0, 2, 1, 3).index_put_((row_index, positions), v)
+            queries = q.transpose(1, 2).reshape(B, n_kv, group * Q, hd)
             if contiguous:
-                keys = kv_layer[0, row_list[0]: row_list[0] + B, :, :kv_len]
-                values = kv_layer[1, row_list[0]: row_list[0] + B, :, :kv_len]
+                keys = kv_layer[0, first: first + B, :, :kv_len]
+                values = kv_layer[1, first: first + B, :, :kv_len]
             else:
                 keys = kv_layer[0, :, :, :kv_len].index_select(0, rows)
                 values = kv_layer[1, :, :, :kv_len].index_select(0, rows)
-            attn = F.scaled_dot_product_attention(q.transpose(1, 2).reshape(B, n_kv, group * Q, hd), keys, values,
-                                                  attn_mask=group_mask)
+            if order is None:
+                attn = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group_mask)
+            else:
+                attn = F.scaled_dot_product_attention(queries[order], keys, values, attn_mask=None
+                                                      if group_mask is None else group_mask[order])[restore]
             attn = attn.view(B, n_q, Q, hd).transpose(1, 2).reshape(B, Q, n_q * hd)
             x = x + layer["o"](attn)
             h = F.rms_norm(x, (s.hidden_size,), layer["mlp_norm"], s.rms_norm_eps)

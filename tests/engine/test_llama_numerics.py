@@ -54,6 +54,29 @@ def test_padded_rows_of_different_lengths_match_single_rows(tmp_path):
     assert torch.allclose(torch.stack(singles), batched, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [[2, 0, 3, 1], [3, 2, 1, 0], [0, 2]], ids=["shuffled", "reversed", "sparse"])
+def test_rows_in_any_order_compute_what_slot_order_computes(tmp_path, rows):
+    """A batch whose rows are a block of slots in another order (a replay's usual step) attends to a view
+    of the block with its queries reordered; a batch of scattered slots gathers them. Both must give each
+    row what the same rows give in slot order."""
+    path = make_tiny_model(tmp_path / "m", vocab=50, layers=2, heads=2, kv_heads=1)
+    model = CompactLlama(path)
+    gen = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([4, 9, 6, 7])
+    cache = model.new_cache()
+    cache.ensure(4, 24)
+    with torch.inference_mode():
+        prompts = torch.randint(0, 50, (4, 9), generator=gen)
+        model.forward(prompts, cache, torch.arange(4), torch.zeros(4, dtype=torch.long), lengths)
+        feed = torch.randint(0, 50, (4, 3), generator=gen)
+        saved = cache.data.clone()
+        ordered = model.forward(feed, cache, torch.arange(4), lengths, torch.full((4,), 3))
+        cache.data.copy_(saved)
+        index = torch.tensor(rows)
+        got = model.forward(feed[index], cache, index, lengths[index], torch.full((len(rows),), 3))
+    assert torch.allclose(got, ordered[index], atol=1e-6), (got - ordered[index]).abs().max()
+
+
 def test_missing_and_broken_model_directories_are_input_errors(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         CompactLlama(tmp_path / "nope")

@@ -373,7 +373,9 @@ def earlier_default(path: Path, run_dir: Path, window: int, repeats: int, seed: 
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read an earlier verdict: {exc}", path=path, field="default-from") from None
-    settings = earlier.get("settings", {}) if isinstance(earlier, dict) else {}
+    if not isinstance(earlier, dict):
+        raise InputError("not a verdict (the JSON is not an object)", path=path, field="default-from")
+    settings = earlier.get("settings") if isinstance(earlier.get("settings"), dict) else {}
     wanted = {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET}
     differ = {k: (settings.get(k), v) for k, v in wanted.items() if settings.get(k) != v}
     if not isinstance(earlier.get("default"), dict) or earlier.get("quick") != quick or differ:
@@ -385,7 +387,9 @@ def earlier_default(path: Path, run_dir: Path, window: int, repeats: int, seed: 
                          path=path, field="default-from")
     default = {**earlier["default"], "host_speed": earlier.get("host_speed"),
                "judged_at_load_average": [earlier.get("load_average_at_start"), earlier.get("load_average_at_end")]}
-    return default, {k: v for k, v in earlier.get("wall_s", {}).items() if k != "total"}
+    # Its wall times are already named for the default (default_run, default_verdict): kept as they are.
+    wall = earlier.get("wall_s") if isinstance(earlier.get("wall_s"), dict) else {}
+    return default, {k: v for k, v in wall.items() if k.startswith("default_")}
 
 
 def goals_of(figures: dict[str, Any]) -> dict[str, Any]:
@@ -445,7 +449,7 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
             wall["default_verdict"] = round(time.perf_counter() - t0 - wall["default_run"], 1)
         else:
             default, earlier_wall = earlier_default(default_from, run_dir, window, repeats, seed, quick)
-            wall.update({f"default_{k}": v for k, v in earlier_wall.items()})
+            wall.update(earlier_wall)
 
         def write(held: dict[str, Any] | None, status: str) -> dict[str, Any]:
             """The result as it stands (written once the default is judged, again with the held-out

@@ -102,9 +102,11 @@ def _finished_run(path: Path) -> Path:
     (["--engine", "vllm"], "a run on the torch engine, not --engine vllm"),
     (["--engine", "tpu"], "unknown engine 'tpu'"),
     (["--default-from", "missing.json"], "cannot read an earlier verdict"),
+    (["--default-from", "list.json"], "not a verdict (the JSON is not an object)"),
 ])
 def test_a_run_dir_of_another_engine_or_a_bad_earlier_verdict_is_one_line_and_exit_2(tmp_path, args, says):
     run = _finished_run(tmp_path / "run")
+    (tmp_path / "list.json").write_text("[1, 2]")
     res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--run-dir", str(run),
                           "--out", str(tmp_path / "v.json"), *args], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)

@@ -10,6 +10,7 @@
 | HumanEval (JSONL, optionally gzipped) | records with `task_id` | `prompt` | code |
 | GSM8K (JSONL) | records with `question` | `question` | math |
 | plain JSONL | records with `prompt` | `prompt` | the record's `domain`, else chat |
+| token ids (JSONL) | records with `prompt_token_ids` | the ids, sent as given | the record's `domain`, else chat |
 | plain text (`.txt`) | the file suffix | each non-empty line | chat |
 
 The layout is decided by the first record; every later record must then carry that layout's fields,
@@ -40,8 +41,8 @@ _JSON_SUFFIXES = {".json", ".jsonl", ".ndjson"}
 class Prompt:
     """One prompt: its text, its domain label and where it came from (`file#id` or `file:line`).
 
-    `token_ids`, when set, are the prompt itself (the `random` dataset): encoders send them as they are
-    instead of tokenizing `text`, which is then only a description.
+    `token_ids`, when set, are the prompt itself (the `random` dataset, `prompt_token_ids` records):
+    encoders send them as they are instead of tokenizing `text`, which is then only a description.
     """
 
     text: str
@@ -146,8 +147,10 @@ class _Layout:
     text_of: Callable[[dict[str, Any], Path, int], str | None]  # None: the record has no usable prompt
     id_key: str | None
     domain: str | None  # None: per record (`domain` field), else the default
+    ids_of: Callable[[dict[str, Any], Path, int], tuple[int, ...]] | None = None  # the prompt as token ids
 
     def extract(self, record: dict[str, Any], path: Path, line: int, domain: str | None) -> Prompt | None:
+        token_ids = self.ids_of(record, path, line) if self.ids_of else None
         text = self.text_of(record, path, line)
         if text is None:
             return None
@@ -155,7 +158,7 @@ class _Layout:
             domain = self.domain or _record_domain(record, path, line)
         record_id = record.get(self.id_key) if self.id_key else None
         source_id = f"{path.name}#{record_id}" if record_id not in (None, "") else f"{path.name}:{line}"
-        return Prompt(text, domain, source_id)
+        return Prompt(text, domain, source_id, token_ids)
 
 
 def _required_text(record: dict[str, Any], key: str, path: Path, line: int) -> str:
@@ -167,6 +170,20 @@ def _required_text(record: dict[str, Any], key: str, path: Path, line: int) -> s
     if not value.strip():
         raise InputError(f"field '{key}' is empty", path=path, line=line, field=key)
     return value
+
+
+def _token_ids(record: dict[str, Any], path: Path, line: int) -> tuple[int, ...]:
+    """A `prompt_token_ids` record's ids: a non-empty list of non-negative integers (the tokenizer's
+    vocabulary is checked where they are encoded, `serving.factory.prompt_token_ids`)."""
+    ids = record["prompt_token_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise InputError("field 'prompt_token_ids' must be a non-empty list of token ids", path=path, line=line,
+                         field="prompt_token_ids")
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise InputError(f"field 'prompt_token_ids' holds {bad!r}, not a token id (an integer >= 0)", path=path,
+                         line=line, field="prompt_token_ids")
+    return tuple(ids)
 
 
 def _first_turn(record: dict[str, Any], path: Path, line: int) -> str:
@@ -235,6 +252,10 @@ _LAYOUTS = (
     _Layout("humaneval", "task_id", lambda r, p, n: _required_text(r, "prompt", p, n), "task_id", "code"),
     _Layout("gsm8k", "question", lambda r, p, n: _required_text(r, "question", p, n), "id", "math"),
     _Layout("plain", "prompt", lambda r, p, n: _required_text(r, "prompt", p, n), "id", None),
+    # A prompt given as the token ids to send (what a replay sends, exactly: text round-tripped through
+    # the tokenizer can come back as other ids); its text is only a description
+    _Layout("token_ids", "prompt_token_ids", lambda r, p, n: f"<{len(r['prompt_token_ids'])} token ids>", "id",
+            None, _token_ids),
 )
 
 
@@ -245,7 +266,8 @@ def _detect(record: dict[str, Any], path: Path, line: int) -> _Layout:
     keys = ", ".join(sorted(map(str, record))[:8]) or "none"
     raise InputError(
         f"unknown prompt record format (keys: {keys}); expected one of 'turns' (MT-Bench), 'conversations' "
-        "(ShareGPT), 'test_list' (MBPP), 'task_id' + 'prompt' (HumanEval), 'question' (GSM8K) or 'prompt'",
+        "(ShareGPT), 'test_list' (MBPP), 'task_id' + 'prompt' (HumanEval), 'question' (GSM8K), 'prompt' or "
+        "'prompt_token_ids'",
         path=path, line=line)
 
 

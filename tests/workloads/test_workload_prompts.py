@@ -95,6 +95,28 @@ def test_plain_jsonl_domains_and_override(tmp_path):
     assert [p.domain for p in load_prompts(path, domain="math")] == ["math", "math"]
 
 
+def test_token_id_records_are_sent_as_given(tmp_path):
+    """A prompt given as ids (what a replay sends) reaches the engine as those ids, untokenized."""
+    from autospec.serving.factory import encode_prompts
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt_token_ids": [5, 0, 7], "domain": "code", "id": "r1"},
+                                              {"prompt_token_ids": [9]}])
+    prompts = load_prompts(path)
+    assert [(p.token_ids, p.domain, p.source_id) for p in prompts] == [((5, 0, 7), "code", "p.jsonl#r1"),
+                                                                        ((9,), "chat", "p.jsonl:2")]
+
+    class NoTokenizer:  # ids never go through the tokenizer; only the vocabulary size is read
+        def __len__(self):
+            return 10
+
+        def encode(self, text, **kwargs):
+            raise AssertionError("token ids must not be re-tokenized")
+
+    assert encode_prompts(NoTokenizer(), prompts) == [[5, 0, 7], [9]]
+    with pytest.raises(InputError, match="outside the tokenizer's vocabulary of 8"):
+        encode_prompts(type("Small", (NoTokenizer,), {"__len__": lambda self: 8})(), prompts)
+
+
 def test_plain_text_one_prompt_per_nonempty_line(tmp_path):
     path = tmp_path / "p.txt"
     path.write_text("first\n\n  \nsecond line\r\n", encoding="utf-8")
@@ -122,6 +144,10 @@ def test_gzipped_jsonl_by_content(tmp_path):
     (b'[1, 2]\n', 1, "expected a JSON object"),
     (b'{"prompt": "a", "domain": ""}\n', 1, "domain"),
     (b'{"prompt": "   "}\n', 1, "empty"),
+    (b'{"prompt_token_ids": [1, 2]}\n{"prompt_token_ids": []}\n', 2, "non-empty list of token ids"),
+    (b'{"prompt_token_ids": [1, -2]}\n', 1, "holds -2, not a token id"),
+    (b'{"prompt_token_ids": [1, true]}\n', 1, "holds True, not a token id"),
+    (b'{"prompt_token_ids": "1 2"}\n', 1, "non-empty list of token ids"),
 ])
 def test_bad_jsonl_raises_one_line_input_error(tmp_path, content, line, words):
     path = tmp_path / "bad.jsonl"

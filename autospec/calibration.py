@@ -60,15 +60,20 @@ def mad(values: Sequence[float]) -> float:
     return float(np.median(np.abs(v - np.median(v))))
 
 
-def latency_grid(settings: ProfileSettings) -> list[tuple[str, str, int, int, int]]:
-    """(model, phase, batch, tokens, context) for every shape to time, in measuring order."""
+def latency_grid(settings: ProfileSettings, catch_up: bool = True) -> list[tuple[str, str, int, int, int]]:
+    """(model, phase, batch, tokens, context) for every shape to time, in measuring order. `catch_up`:
+    the torch engine's draft pass of 2 tokens per request — a round's first pass after a verify that
+    accepted every draft feeds the last draft and the bonus token (TorchSDEngine's `pending`), and a
+    width-2 pass costs 1.2-1.5x a width-1 pass on the bundled pair."""
     shapes = []
     for _ in settings.sm_splits or [None]:
         for context in settings.contexts:
             for batch in settings.batches:
                 for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
                     shapes.append(("target", "decode", batch, tokens, context))
-                shapes.append(("draft", "decode", batch, 1, context))  # drafting is one token per pass
+                shapes.append(("draft", "decode", batch, 1, context))  # one new token per request
+                if catch_up:
+                    shapes.append(("draft", "decode", batch, 2, context))
     for tokens in settings.prefill_tokens:
         for model in ("target", "draft"):
             shapes.append((model, "prefill", 1, tokens, 0))

@@ -616,7 +616,8 @@ class FittedSimEngine(SimEngine):
         else:
             fit = FitResult(fit_profile(root))
         frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+        kind = profiled_engine(root)
         engine = cls(AcceptanceTraces(frame, fit.models.k_max), sim_costs(fit), k_max=k_max,
-                     temperature=temperature, seed=seed, fused_prefill=profiled_engine(root) == "vllm")
+                     temperature=temperature, seed=seed, fused_prefill=kind == "vllm", padded_batches=kind == "torch")
         engine.fit = fit  # the fit it was built from: the replay's policy defaults (FitResult.policy_inputs)
         return engine

@@ -90,13 +90,16 @@ def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
                     row("target", "decode", batch, tokens, ctx, times)
                 times, ctx = cell["draft"]
                 row("draft", "decode", batch, 1, ctx, times)
+                times, ctx = cell["draft_catch_up"]
+                row("draft", "decode", batch, 2, ctx, times)
                 if advance is not None:
-                    advance(settings.k_max + 2)
+                    advance(settings.k_max + 3)
     if settings.sm_splits:
         engine.set_sm_split(None)  # prefill and acceptance traces run on the whole GPU
     for tokens in settings.prefill_tokens:
         for model in ("target", "draft"):
-            times = engine.time_forward(model, 1, tokens, 0, repeats=settings.repeats, warmup=settings.warmup)
+            times = engine.time_forward(model, 1, tokens, 0, repeats=settings.repeats, warmup=settings.warmup,
+                                        prefill=True)
             rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
                          "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": mad(times),
                          "repeats": len(times)})
@@ -139,9 +142,35 @@ def time_engine_calls(engine: TorchSDEngine, batch: int, context: int, settings:
                 ctxs.append(ctx)
         engine.remove(ids)
         verify[tokens] = (times, float(np.mean(ctxs)))
+    if widths is not None:
+        return {"verify": verify}
     if not draft_times:  # K_max = 0 cannot happen (k_max >= 1), kept for clarity
         raise InputError("no draft calls were timed", field="k_max")
-    return {"verify": verify, "draft": (draft_times, float(np.mean(draft_ctx)))}
+    return {"verify": verify, "draft": (draft_times, float(np.mean(draft_ctx))),
+            "draft_catch_up": _time_catch_up_drafts(engine, batch, context, settings, rng)}
+
+
+def _time_catch_up_drafts(engine: TorchSDEngine, batch: int, context: int, settings: ProfileSettings,
+                          rng: np.random.Generator) -> tuple[list[float], float]:
+    """Seconds of `engine.draft` calls that feed 2 tokens per request — the pass that follows a verify
+    accepting every draft (the last draft and the bonus token; `TorchSDEngine._settle`). A verify of
+    no drafts leaves two committed tokens the draft has not seen, the timed draft feeds them, and a
+    verify of none of its drafts rolls back to one."""
+    prompts = rng.integers(0, engine.target.shape.vocab_size, (batch, context)).tolist()
+    ids = engine.add([GenRequest(p, 1 << 30, ignore_eos=True) for p in prompts]).req_ids
+    times, ctxs = [], []
+    for i in range(settings.warmup + settings.repeats):
+        engine.verify({r: 0 for r in ids})  # no drafts: the committed token joins `pending` (2 wide)
+        ctx = float(np.mean([engine.context_len(r) for r in ids]))
+        t0 = time.perf_counter_ns()
+        engine.draft(ids)
+        dt = (time.perf_counter_ns() - t0) / 1e9
+        engine.verify({r: 0 for r in ids})  # the draft is discarded: 1 token pending again
+        if i >= settings.warmup:
+            times.append(dt)
+            ctxs.append(ctx)
+    engine.remove(ids)
+    return times, float(np.mean(ctxs))
 
 
 # [chosen] A real replay whose host runs more than 10% off the profiled speed is "disturbed": on the

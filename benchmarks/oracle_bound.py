@@ -118,7 +118,8 @@ def main() -> None:
         measured = FittedSimEngine.from_dirs(args.profile, temperature=temperature)
         for label, factor in DRAFT_SCALES.items():
             base = SimEngine(measured.traces, scale_draft(measured.costs, factor), k_max=measured.k_max,
-                             temperature=temperature, fused_prefill=measured.fused_prefill)
+                             temperature=temperature, fused_prefill=measured.fused_prefill,
+                             padded_batches=measured.padded_batches)
             for max_batch in BATCH_LIMITS:
                 case = {"profile": label, "temperature": temperature,
                         **compare(base, trace, policies, max_batch=max_batch)}

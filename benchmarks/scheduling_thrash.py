@@ -159,7 +159,7 @@ def run_one(replay, base, spec, cost: str) -> dict[str, Any]:
 
     cls = engine_class(type(base), cost)
     engine = cls(base.traces, base.costs, k_max=base.k_max, temperature=base.temperature, seed=0,
-                 fused_prefill=base.fused_prefill)
+                 fused_prefill=base.fused_prefill, padded_batches=base.padded_batches)
     strategy = replay.build(spec)
     records = serve(engine, strategy, replay.requests, max_batch=replay.max_batch, settings=replay.settings(spec))
     req, steps = records.requests_frame(), records.steps_frame()

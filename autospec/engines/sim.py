@@ -40,7 +40,15 @@ fixed costs the step already pays (docs/architecture.md, "sim"; the serving loop
 decoding in the next step, as vLLM does) — and no draft prefill for an engine serving without SD;
 each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
 the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
-context, N_b = Σ verified + 1). Under an SM split r > 0 (`configure_execution`, or per step
+context, N_b = Σ verified + 1). With `padded_batches` (a simulator calibrated from a torch profile)
+passes are priced as the torch engine runs them: every row of a pass attends to a block padded to the
+batch's longest context and feeds as many tokens as the widest row, so N_c = b·max context and N_b =
+b·max tokens (prompts too: `add` prices b·longest prompt) — at batch 8, one long row among short ones
+made a verify 2.4x the cost of the same total context spread evenly — and a round's first draft pass
+feeds the committed tokens the draft has not seen (`draft_lag`: 2 after a verify that accepted every
+draft, which the profile times as its own shape). vLLM packs a batch's rows (paged attention), so a
+vLLM profile's simulator sums contexts and tokens; what vLLM's drafter feeds in a round's first pass
+is not modelled (docs/architecture.md, "sim"). Under an SM split r > 0 (`configure_execution`, or per step
 `set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
 pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1,
 1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
@@ -180,10 +188,20 @@ class _TraceSlices(abc.Sequence):
         return list(self) == list(other) if isinstance(other, abc.Sequence) else NotImplemented
 
 
+def draft_lag(lag: int, drafted: int, accepted: int) -> int:
+    """Committed tokens the draft model has not fed after a verify (TorchSDEngine._settle's `pending`),
+    from the `lag` before it and the round's drafts and accepted drafts: the verify's new token, on top
+    of the earlier lag when the round drafted nothing; the last draft as well when every draft was
+    accepted (it was proposed, never fed). The next round's first draft pass feeds them all."""
+    if drafted == 0:
+        return lag + 1
+    return 2 if accepted == drafted else 1
+
+
 class _SimRequest:
     """Per-request replay state, flat scalars only (the hot paths read a handful of slots)."""
 
-    __slots__ = ("base", "n", "off", "p", "g", "key", "context", "room", "drafted", "out", "finished")
+    __slots__ = ("base", "n", "off", "p", "g", "key", "context", "room", "drafted", "lag", "out", "finished")
 
     def __init__(self, base: int, n: int, g: int, prompt_len: int, max_tokens: int, key: int = 0):
         self.base = base  # flat index of the trace's position 0
@@ -195,6 +213,7 @@ class _SimRequest:
         self.context = prompt_len  # tokens in the KV: prompt + committed since add
         self.room = max_tokens  # tokens it may still commit
         self.drafted = 0  # drafts this round
+        self.lag = 1  # committed tokens the draft model has not fed: its next round's first pass feeds them
         self.out: list[int] = []
         self.finished = False
 
@@ -218,7 +237,8 @@ class SimEngine:
     fit/ is absent), because engines never import a stage (tests/test_layers.py)."""
 
     def __init__(self, traces: AcceptanceTraces, costs: SimCosts, *, k_max: int | None = None,
-                 temperature: float = 0.0, seed: int = 0, fused_prefill: bool = False):
+                 temperature: float = 0.0, seed: int = 0, fused_prefill: bool = False,
+                 padded_batches: bool = False):
         if temperature < 0:
             raise InputError(f"temperature must be >= 0, got {temperature}", field="temperature")
         if len(traces) == 0:
@@ -245,6 +265,8 @@ class SimEngine:
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
+        # the torch engine's batch layout (module docstring, "Clock"): passes padded to their longest row
+        self.padded_batches = bool(padded_batches)
         self._speculative = True
         self.draft_sampling = "sample"  # set_draft_sampling; the rows `_accept_sampled` reads follow it
         self._accept_rows = traces.accept_probs
@@ -295,7 +317,7 @@ class SimEngine:
             return PrefillResult([], [], [], 0.0)
         tr = self.traces
         ids, first, finished = [], [], []
-        prompt_tokens = 0
+        prompt_tokens = longest = 0
         for r in requests:
             n_prompt = len(r.prompt)
             if n_prompt == 0:
@@ -316,10 +338,13 @@ class SimEngine:
             # a resumed request's prompt ends with the tokens it generated before its preemption: its
             # whole context is prefilled again (recompute, the one price of a preemption; module docstring)
             prompt_tokens += n_prompt
+            longest = max(longest, n_prompt)
             ids.append(rid)
             first.append(tok)
             finished.append(req.finished)
-        if not self.fused_prefill:
+        if self.padded_batches:  # one forward over the prompts padded to the longest
+            dt = self.costs.prefill_time(len(ids) * longest)
+        elif not self.fused_prefill:
             dt = self.costs.prefill_time(prompt_tokens)
         else:
             dt = self._fused_prefill_time(prompt_tokens, alone=len(self._reqs) == len(ids))
@@ -382,7 +407,8 @@ class SimEngine:
             return []
         reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
         out = []
-        context = 0
+        context = longest = 0
+        width = 1  # tokens fed per request, padded: a round's first pass feeds the draft's lag
         for rid in req_ids:
             r = reqs[rid]
             j = r.drafted
@@ -391,15 +417,24 @@ class SimEngine:
             if j >= k_max:
                 raise ValueError(f"request {rid} already drafted K_max={k_max} tokens this round")
             out.append(chain[r.p][j])
-            context += r.context + j
+            c = r.context + j
+            context += c
+            if c > longest:
+                longest = c
+            if j == 0 and r.lag > width:
+                width = r.lag
+            r.lag = 1
             r.drafted = j + 1
+        b = len(req_ids)
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
-            dt = self.faser.draft_time(len(req_ids), 1, self._split_r)  # type: ignore[union-attr]
+            dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
         else:
+            if self.padded_batches:
+                context, b = b * longest, b * width
             a, g, d = self._draft_coef
-            dt = a * context + g * len(req_ids) + d
+            dt = a * context + g * b + d
             if self._draft_lam:
-                dt += self._draft_lam * math.log2(len(req_ids))
+                dt += self._draft_lam * math.log2(b)
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -415,6 +450,9 @@ class SimEngine:
         drafted = 0
         rounds = 0
         ending = [0] * (k_max + 1)  # requests whose last draft is in round k − 1 (for λ·log2 n_j)
+        padded = self.padded_batches
+        longest = [0] * (k_max + 1)  # padded: the longest context among requests drafting k tokens
+        width = 1  # padded: tokens fed per request in round 0 (the draft's lag, `draft`)
         for rid, k in zip(req_ids, lengths):
             r = reqs[rid]
             if k <= 0:
@@ -432,7 +470,15 @@ class SimEngine:
             ending[k] += 1
             if k > rounds:
                 rounds = k
-        dt = self._rounds_s(weighted, drafted, rounds, ending)
+            if padded:
+                longest[k] = max(longest[k], r.context + j0)
+                if j0 == 0 and r.lag > width:
+                    width = r.lag
+            r.lag = 1
+        if padded and not self._split_r:
+            dt = self._padded_rounds_s(ending, longest, rounds, width)
+        else:
+            dt = self._rounds_s(weighted, drafted, rounds, ending)
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -445,8 +491,7 @@ class SimEngine:
         greedy = self.temperature == 0
         req_ids = list(plan)
         drafted_l, verified_l, accepted_l, committed_l, finished_l, pos_l = [], [], [], [], [], []
-        context = 0
-        tokens = 0
+        context = tokens = longest = widest = 0
         reqs = self._reqs
         for rid, n in plan.items():
             r = reqs[rid]
@@ -474,6 +519,11 @@ class SimEngine:
             ctx = r.context
             context += ctx
             tokens += n + 1
+            if ctx > longest:
+                longest = ctx
+            if n + 1 > widest:
+                widest = n + 1
+            r.lag = draft_lag(r.lag, k, a)
             r.out.extend(new)
             off += c  # advance (inlined: this loop runs per request per step)
             if off >= rn:
@@ -494,6 +544,8 @@ class SimEngine:
             dt = 0.0
         elif self._split_r:  # under an SM split: FASER's target model (module docstring, "Clock")
             dt = self.faser.verify_time(len(req_ids), tokens / len(req_ids) - 1, self._split_r)  # type: ignore[union-attr]
+        elif self.padded_batches:  # every row padded to the longest context and the widest feed
+            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest)
         else:
             dt = self._target_pass_s(context, tokens)
         self._clock += dt
@@ -540,25 +592,49 @@ class SimEngine:
             dt = split_s if self._split_r else dt + self._draft_lam * log_sum
         return dt
 
+    def _padded_rounds_s(self, ending: list[int], longest: list[int], rounds: int, width: int) -> float:
+        """Draft passes of `rounds` rounds on a padded engine: round j feeds its n_j requests (those
+        drafting more than j) `width` tokens each in round 0, 1 after, attending to the longest context
+        among them (+ j drafts); `ending[k]` / `longest[k]`: how many requests draft k tokens, and the
+        longest context of those."""
+        a, g, d = self._draft_coef
+        lam = self._draft_lam
+        dt, n_j, top = 0.0, 0, 0
+        for j in range(rounds - 1, -1, -1):
+            n_j += ending[j + 1]
+            top = max(top, longest[j + 1])
+            tokens = n_j * (width if j == 0 else 1)
+            dt += a * n_j * (top + j) + g * tokens + d
+            if lam:
+                dt += lam * math.log2(tokens)
+        return dt
+
     def step_time_s(self, contexts: Sequence[int], lengths: Sequence[int]) -> float:
         """`StepClock`: the seconds a plain step would take now — draft rounds of `lengths` (as
         `draft_rounds` charges them) and one verify of every draft (as `verify` charges it) — for
-        requests with `contexts` tokens of KV. Nothing is drafted and the clock does not move."""
+        requests with `contexts` tokens of KV. Nothing is drafted and the clock does not move. On a
+        padded engine the draft's lag is not known for hypothetical requests: every pass feeds 1 token.
+        """
         ending = [0] * (self.k_max + 1)
+        longest = [0] * (self.k_max + 1)
         weighted, drafted, rounds = 0.0, 0, 0
         for c, k in zip(contexts, lengths):
             if k > 0:
                 weighted += k * c + k * (k - 1) / 2
                 drafted += k
                 ending[k] += 1
+                longest[k] = max(longest[k], c)
                 rounds = max(rounds, k)
         n = len(contexts)
         if not n:
             return 0.0
         if self._split_r:
             verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
-        else:
-            verify_s = self._target_pass_s(sum(contexts), drafted + n)
+            return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
+        if self.padded_batches:
+            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1))
+            return self._padded_rounds_s(ending, longest, rounds, 1) + verify_s
+        verify_s = self._target_pass_s(sum(contexts), drafted + n)
         return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
 
     def _target_pass_s(self, context: int, tokens: int) -> float:
@@ -649,8 +725,9 @@ class SimEngine:
             tp_l.append(tr.target_probs[r.p][:verified])
             kl_l.append(tr.klds[r.p][:verified])
         draft_s, verify_s = self._frontier_time(ids, first, schedules)
-        for rid, new, fin in zip(ids, committed_l, finished_l):  # commit after the passes are timed
+        for rid, new, fin, made, acc in zip(ids, committed_l, finished_l, made_l, accepted_l):  # after timing
             r = reqs[rid]
+            r.lag = draft_lag(r.lag, made, acc)
             r.out.extend(new)
             r.advance(len(new))
             r.drafted = 0
@@ -680,8 +757,12 @@ class SimEngine:
         for k in range(n_rounds):
             active = [(rid, sch[k]) for rid, sch in zip(ids, schedules) if len(sch) > k]
             drafting = [(rid, more) for rid, (_, more, _) in active if more > 0]
-            context = sum(reqs[rid].context + before for rid, (_, _, before) in active)
-            tokens = sum(n + 1 for _, (n, _, _) in active)
+            if self.padded_batches:
+                context = len(active) * max(reqs[rid].context + before for rid, (_, _, before) in active)
+                tokens = len(active) * max(n + 1 for _, (n, _, _) in active)
+            else:
+                context = sum(reqs[rid].context + before for rid, (_, _, before) in active)
+                tokens = sum(n + 1 for _, (n, _, _) in active)
             if overlapped:
                 b = len(active)
                 target_s = faser.verify_time(b, tokens / b - 1, r_split)

@@ -680,12 +680,15 @@ class TorchSDEngine:
     # ------------------------------------------------------------------ profiling
     @torch.inference_mode()
     def time_forward(self, which: str, batch: int, tokens: int, context: int, repeats: int = 5,
-                     warmup: int = 2) -> list[float]:
+                     warmup: int = 2, prefill: bool = False) -> list[float]:
         """Seconds per forward pass of `which` ("target" or "draft") over `batch` requests that each
         feed `tokens` new tokens on top of `context` cached ones; one value per repeat.
 
         Runs on a scratch cache so live requests are untouched. This is the cost the engine pays in
-        `verify` (target, tokens = verified drafts + 1) and `draft` (draft, tokens = 1).
+        `verify` (target, tokens = verified drafts + 1) and `draft` (draft, tokens = 1). With `prefill`
+        the pass is timed as `add` runs it: the LM head on each request's last position only — a
+        prompt's other positions need no logits, and on the bundled pair the head over every position
+        was 30% of a 256-token target prefill and half the draft's.
         """
         model = self.target if which == "target" else self.draft_model
         if model is None:
@@ -697,11 +700,12 @@ class TorchSDEngine:
         q_lens = torch.full((batch,), tokens, dtype=torch.long, device=self.device)
         gen = torch.Generator().manual_seed(batch * 1000 + tokens)
         feed = torch.randint(0, model.shape.vocab_size, (batch, tokens), generator=gen).to(self.device)
+        logits_at = (q_lens - 1)[:, None] if prefill else None
         times = []
         for i in range(warmup + repeats):
             self._sync()
             t0 = time.perf_counter_ns()
-            logits = model.forward(feed, cache, rows, lens, q_lens)
+            logits = model.forward(feed, cache, rows, lens, q_lens, logits_at=logits_at)
             # the sampling work the engine does on those logits is part of a step's cost
             torch.softmax(logits.float(), dim=-1).argmax(-1)
             self._sync()

@@ -135,7 +135,7 @@ def sim_replay(base: SimEngine, trace: Trace, *, faser: FaserModels | None = Non
 
     def engine_for(run_seed: int) -> SimEngine:
         return type(base)(base.traces, base.costs, k_max=base.k_max, temperature=base.temperature, seed=run_seed,
-                          fused_prefill=base.fused_prefill)
+                          fused_prefill=base.fused_prefill, padded_batches=base.padded_batches)
 
     return Replay(trace_requests(trace, vocab=getattr(base, "vocab_size", 1)), engine_for, k_max=base.k_max,
                   temperature=base.temperature, latency_model=base.latency_model, faser=faser,

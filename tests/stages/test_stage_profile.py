@@ -19,6 +19,7 @@ from autospec.profile import (
     EncodedPrompt,
     ProfileSettings,
     latency_grid,
+    measure_latency,
     read_parquet,
     run_profile,
     write_profile,
@@ -54,7 +55,8 @@ def test_profile_artifacts_have_the_schema(profiled):
     assert len(lat) == len(latency_grid(SETTINGS))
     target = lat[(lat.model == "target") & (lat.phase == "decode")]
     assert sorted(target.tokens.unique()) == list(range(1, SETTINGS.k_max + 2))
-    assert set(lat[lat.model == "draft"].query("phase == 'decode'").tokens) == {1}
+    # one new token per request, and the catch-up pass after a verify that accepted every draft
+    assert set(lat[lat.model == "draft"].query("phase == 'decode'").tokens) == {1, 2}
     assert (lat.median_s > 0).all() and (lat.mad_s >= 0).all() and (lat.repeats == SETTINGS.repeats).all()
     assert lat.sm_split.isna().all()
     acc = read_parquet(run / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
@@ -131,3 +133,27 @@ def test_cli_trace_size_flags_reach_the_acceptance_traces(bundled_pair, tmp_path
     assert (read_parquet(out / "profile" / "latency.parquet", LATENCY_COLUMNS)["repeats"] == 2).all()
     acc = read_parquet(out / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
     assert set(acc.groupby("prompt_id").size()) == {7}
+
+
+def test_prefill_is_timed_as_add_runs_it(tiny_pair, monkeypatch):
+    """The profile's prefill rows price `add`, which asks the LM head for each prompt's last position
+    only; timing a pass with logits at every position priced a 256-token prefill 30-50% too dear."""
+    target, draft = tiny_pair
+    engine = TorchSDEngine(target, draft, k_max=2)
+    calls: dict[str, list] = {"add": [], "profile": []}
+    stage = ["add"]
+    for name, model in (("target", engine.target), ("draft", engine.draft_model)):
+        def spy(tokens, cache, rows, lens, q_lens, logits_at=None, _forward=model.forward, _name=name, **kw):
+            if int(q_lens.max()) == 8:  # the 8-token prompt / prefill shape
+                calls[stage[0]].append((_name, None if logits_at is None else logits_at.tolist()))
+            return _forward(tokens, cache, rows, lens, q_lens, logits_at=logits_at, **kw)
+
+        monkeypatch.setattr(model, "forward", spy)
+    engine.add([GenRequest([1, 2, 3, 4, 5, 1, 2, 3], 4, ignore_eos=True)])
+    stage[0] = "profile"
+    settings = ProfileSettings(k_max=2, batches=[1], contexts=[4], prefill_tokens=[8], repeats=1, warmup=0,
+                               prompts_per_domain=1, trace_tokens=4, max_prompt_tokens=8)
+    rows = measure_latency(engine, settings)
+    assert sorted(calls["add"]) == [("draft", [[7]]), ("target", [[7]])]
+    assert sorted(calls["profile"]) == sorted(calls["add"])
+    assert list(rows[rows["phase"] == "prefill"]["tokens"]) == [8, 8]

@@ -32,7 +32,9 @@ def clock_run_dir(tmp_path_factory):
 
 
 def test_clock_model_times_passes_with_its_log_term(clock_run_dir):
-    sim = SimEngine.from_dirs(clock_run_dir)
+    """A vLLM profile's simulator packs a pass's rows: N_c sums the contexts, N_b the tokens fed."""
+    sim = SimEngine.from_dirs(write_synthetic_run(clock_run_dir / "vllm", lam={"draft": 1e-3, "target": 2e-3},
+                                                  engine="vllm"))
     ids = sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50), GenRequest(range(10), 50)]).req_ids
     a, g, d = TRUE["draft"]
     t0 = sim.now()
@@ -208,13 +210,15 @@ def test_oracle_m_gets_every_draft_accepted(run_dir, temperature):
 
 
 def test_clock_follows_the_fitted_model(run_dir):
+    """A torch profile's simulator pads a pass's rows as the torch engine does: every row attends to
+    the longest context and feeds as many tokens as the widest row."""
     sim = SimEngine.from_dirs(run_dir)
-    assert sim.now() == 0.0
+    assert sim.now() == 0.0 and sim.padded_batches
     res = sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50)])
-    pre = sum(PREFILL[m][0] * 160 + PREFILL[m][1] for m in ("draft", "target"))
+    pre = sum(PREFILL[m][0] * 2 * 100 + PREFILL[m][1] for m in ("draft", "target"))  # padded to 100
     assert res.time_s == pytest.approx(pre, rel=1e-6) and sim.now() == pytest.approx(pre, rel=1e-6)
     ids = res.req_ids
-    ctx = 100 + 60 + 2  # prompts + each request's first token
+    ctx = 2 * (100 + 1)  # two rows of the longest context: prompt + its first token
     a, g, d = TRUE["draft"]
     t0 = sim.now()
     sim.draft(ids)
@@ -225,7 +229,7 @@ def test_clock_follows_the_fitted_model(run_dir):
     t2 = sim.now()
     out = sim.verify({ids[0]: 2, ids[1]: 1})
     a, g, d = TRUE["target"]
-    assert out.verify_time_s == pytest.approx(a * ctx + g * (3 + 2) + d, rel=1e-6)
+    assert out.verify_time_s == pytest.approx(a * ctx + g * 2 * 3 + d, rel=1e-6)
     assert sim.now() - t2 == pytest.approx(out.verify_time_s)
     assert out.draft_time_s == pytest.approx(t2 - t0)
     sim.idle_until(sim.now() + 5.0)
@@ -237,6 +241,35 @@ def test_clock_follows_the_fitted_model(run_dir):
     t3 = sim.now()
     sim.add([GenRequest(range(300), 10, resumed_tokens=40)])
     assert sim.now() - t3 == pytest.approx(sum(per * 300 + fixed for per, fixed in PREFILL.values()), rel=1e-3)
+
+
+def test_a_rounds_first_draft_pass_feeds_what_the_draft_has_not_seen(run_dir):
+    """On a torch profile the first draft pass after a verify that accepted every draft feeds two
+    tokens per row (the last draft and the bonus; the profile times that pass), one after a rejection,
+    and the tokens of every step without drafts pile up until the next draft."""
+    sim = SimEngine.from_dirs(run_dir)
+    a, g, d = TRUE["draft"]
+    (rid,) = sim.add([GenRequest(range(20), 400)]).req_ids
+    match = sim.traces.match
+
+    def first_pass_width() -> int:
+        before, ctx = sim.now(), sim._reqs[rid].context
+        sim.draft([rid])
+        return round((sim.now() - before - a * ctx - d) / g)
+
+    widths, expected, lag = [], [], 1
+    for step in range(60):
+        k = (0, 1, 2, 3)[step % 4]
+        if k:
+            widths.append(first_pass_width())
+            expected.append(lag)
+            for _ in range(k - 1):
+                sim.draft([rid])
+        m = match[sim._reqs[rid].p]
+        out = sim.verify({rid: k})
+        assert out.accepted == [min(k, m)]
+        lag = lag + 1 if k == 0 else (2 if min(k, m) == k else 1)
+    assert widths == expected and {1, 2} <= set(widths) and max(widths) > 2
 
 
 def test_t1_acceptance_samples_recorded_probabilities(tmp_path):

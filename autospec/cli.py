@@ -380,6 +380,9 @@ def profile(
                                            "0.25,0.5 (CUDA green contexts; FASER's r axis)"),
     engine_kind: str = typer.Option("torch", "--engine", help="torch | vllm: whose step latency to measure "
                                     "(acceptance traces come from the torch engine either way)"),
+    workload: Optional[Path] = typer.Option(None, "--workload", help="trace the prompts this workload's real "
+                                            "replay sends, as it sends them (the simulator then replays each "
+                                            "request on its own prompt's trace); instead of --prompts"),
 ) -> None:
     """Measure draft/target step latency and record acceptance traces."""
     if not 1 <= k_max <= 32:
@@ -395,6 +398,10 @@ def profile(
     if engine_kind not in ("torch", "vllm"):
         raise InputError(f"unknown engine {engine_kind!r}; use torch or vllm", field="engine")
     _check_dataset_flags(dataset, dataset_path, prompts, random_input_len, random_range_ratio)
+    if workload is not None and (prompts or dataset is not None):
+        raise InputError("--workload names the prompts to trace; drop --prompts / --dataset", field="workload")
+    if workload is not None and not workload.is_file():
+        raise InputError("no such workload file", path=workload, field="workload")
     selection = None
     if dataset is not None:
         from autospec.workloads.datasets import DatasetSelection
@@ -412,7 +419,7 @@ def profile(
                                            **{k: v for k, v in overrides.items() if v is not None}})
     with reporter("profile", err) as progress:
         result = profile_pair(out_dir, pair, settings, prompt_files=prompts or [], dataset=selection,
-                              device=device, engine_kind=engine_kind, progress=progress.track)
+                              device=device, engine_kind=engine_kind, progress=progress.track, workload=workload)
     _print_profile(result, out_dir)
 
 

@@ -64,7 +64,6 @@ The default SLO is `autospec.config.SloSpec`'s, the one `autospec run` and `auto
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -277,23 +276,14 @@ def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = Non
     if not trace.has_prompts:
         vocab = engine.target.shape.vocab_size if vocab is None else vocab
         return [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
-    from autospec.serving.factory import load_tokenizer
+    from autospec.serving.factory import load_tokenizer, sent_prompt_ids
 
     try:
         tokenizer = load_tokenizer(pair.target)
     except InputError as exc:
         raise InputError(f"{exc.problem}; the workload has prompt texts to tokenize (set `prompts = []` in "
                          "the workload to replay synthetic token ids instead)", path=exc.path) from None
-    cache: dict[str, list[int]] = {}
-    out = []
-    for r in rows:
-        ids = cache.get(r.prompt)
-        if ids is None:
-            ids = cache[r.prompt] = tokenizer.encode(r.prompt, add_special_tokens=False)
-        if not ids:
-            raise InputError("prompt encodes to no tokens", path=r.source_id)
-        out.append(list(itertools.islice(itertools.cycle(ids), r.prompt_len)))
-    return out
+    return sent_prompt_ids(rows, tokenizer)
 
 
 # --- the run -----------------------------------------------------------------------------------------

@@ -104,8 +104,10 @@ def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | No
     settings = ProfileSettings.quick(spec.profile.k_max) if spec.profile.quick else \
         ProfileSettings(k_max=spec.profile.k_max)
     settings = settings.model_copy(update={"seed": spec.engine.seed})
+    # the workload the run tunes / evaluates: trace the prompts its real replay sends (profile_pair)
+    workload = spec.workload if spec.workload.is_file() else None
     stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
-                                          engine_kind=spec.engine.kind, progress=progress))
+                                          engine_kind=spec.engine.kind, progress=progress, workload=workload))
 
 
 def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from autospec.engines.base import GenRequest
 from autospec.errors import InputError
 from autospec.telemetry import TelemetrySampler, snapshot
 from autospec.workloads.default_prompts import bundled_prompt_sets
-from autospec.workloads.prompts import load_prompts, prompt_set_digest
+from autospec.workloads.prompts import Prompt, load_prompts, prompt_set_digest
 
 # torch, the torch engine and serving.factory (which imports both) are imported where they are used:
 # `fit`, `report`, `tune` and the simulator import this module to read profiles, without torch (+1.4 s)
@@ -457,11 +457,36 @@ def select_prompts(prompt_files: Sequence[Path], per_domain: int, dataset=None, 
     return [p for group in grouped.values() for p in group[:per_domain]]
 
 
+def workload_prompts(workload: Path, tokenizer, per_domain: int) -> list[EncodedPrompt]:
+    """The prompts a real replay of `workload` sends, as it sends them (`sent_prompt_ids`: the text's
+    ids clipped or cyclically padded to the request's prompt length), named by `prompt_key` so the
+    simulator replays each request on its own prompt's trace: the first `per_domain` distinct ones per
+    domain in arrival order. Empty when the workload has no prompt texts (synthetic ids)."""
+    from autospec.serving.factory import sent_prompt_ids
+    from autospec.serving.replay import prompt_key
+    from autospec.workloads.spec import load_workload
+
+    trace = load_workload(workload)
+    if not trace.has_prompts:
+        return []
+    rows, seen, per = [], set(), {}
+    for r in trace.requests():
+        key = prompt_key(r)
+        if key in seen or per.get(r.domain, 0) >= per_domain:
+            continue
+        seen.add(key)
+        per[r.domain] = per.get(r.domain, 0) + 1
+        rows.append(r)
+    return [EncodedPrompt(prompt_key(r) or "", r.domain, ids) for r, ids in zip(rows, sent_prompt_ids(rows, tokenizer))]
+
+
 def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files: Sequence[Path] = (),
-                 dataset=None, device: str = "cpu", engine_kind: str = "torch", progress=None) -> ProfileResult:
+                 dataset=None, device: str = "cpu", engine_kind: str = "torch", progress=None,
+                 workload: Path | None = None) -> ProfileResult:
     """`autospec profile`: time the pair on `engine_kind` (torch, or vllm for the step latency), record
     acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json. The trace prompts
-    come from `prompt_files`, or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
+    come from `workload` (what its real replay sends, `workload_prompts`, unclipped), `prompt_files`,
+    or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
     from autospec.serving.factory import build_engine, load_tokenizer, prompt_token_ids, random_vocab
 
     latency_from = latency_units = None
@@ -476,22 +501,28 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
     tokenizer = load_tokenizer(pair.target)
-    vocab = random_vocab(tokenizer) if dataset is not None and dataset.needs_vocab else None
-    texts = select_prompts(prompt_files, settings.prompts_per_domain, dataset, seed=settings.seed, vocab=vocab)
-    encoded = []
-    for t in texts:
-        ids = prompt_token_ids(tokenizer, t)
-        if ids:
-            encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
+    encoded = workload_prompts(workload, tokenizer, settings.prompts_per_domain) if workload is not None else []
+    texts: list = []
+    if encoded:  # traced as sent: no prompt is cut
+        settings = settings.model_copy(update={"max_prompt_tokens": max(len(p.ids) for p in encoded)})
+    else:
+        vocab = random_vocab(tokenizer) if dataset is not None and dataset.needs_vocab else None
+        texts = select_prompts(prompt_files, settings.prompts_per_domain, dataset, seed=settings.seed, vocab=vocab)
+        for t in texts:
+            ids = prompt_token_ids(tokenizer, t)
+            if ids:
+                encoded.append(EncodedPrompt(t.source_id, t.domain, ids))
     engine = build_engine(pair, EngineSpec(device=device, seed=settings.seed, k_max=settings.k_max), 0.0)
     result = run_profile(engine, encoded, settings, progress, latency_from=latency_from,
                          latency_units=latency_units)
-    prompt_set = prompt_set_digest(texts)
+    from_workload = workload is not None and not texts  # the workload's prompts, as its replay sends them
+    prompt_set = prompt_set_digest(texts or [Prompt("", p.domain, p.prompt_id, list(p.ids)) for p in encoded])
     write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind,
-                                              "prompt_set": prompt_set})
+                                              "prompt_set": prompt_set,
+                                              "workload": str(workload) if from_workload else None})
     config = {"command": "profile", "settings": settings.model_dump(), "device": device,
               "pair": pair.model_dump(mode="json")}
-    inputs = list(prompt_files)
+    inputs = list(prompt_files) + ([workload] if from_workload else [])
     if dataset is not None:
         config["dataset"] = {"name": dataset.name, "path": None if dataset.path is None else str(dataset.path)}
         inputs += [dataset.path] if dataset.path is not None else []

@@ -9,10 +9,13 @@ Goal (issue 4): |sim − torch| / torch <= 0.05 for mean TPOT and throughput (ou
 for p99 TPOT, for every strategy. The profile is taken inside the script (`autospec profile --quick`
 unless --full-profile, then `autospec fit`) on the same machine, right before the replays, so the
 simulator is calibrated on exactly the engine it is compared with, and its acceptance traces are
-recorded on the prompts the torch replay sends (the workload's texts, cyclically padded to each
-request's prompt length, as `autospec evaluate` builds them; their token ids written to a prompt file
-for `autospec profile --prompts`, 24 of them). The workload is workloads/azure-code-cpu.toml (200 requests of the
-Azure 2023 code trace) with its arrivals re-timed by --time-scale so one replay takes under a minute.
+recorded on the prompts the torch replay sends (`autospec profile --workload`: the workload's texts,
+cyclically padded to each request's prompt length, as `autospec evaluate` builds them, 24 of them; the
+simulator replays those requests on their own traces, the others on one of them). Traced as decoded
+text instead, 17 of 24 came back as other ids and the traces accepted 0.83 of K=2 drafts where the
+replay of the same requests accepted 0.71 (exact ids: 0.70). The workload is
+workloads/azure-code-cpu.toml (200 requests of the Azure 2023 code trace) with its arrivals re-timed
+by --time-scale so one replay takes under a minute.
 Torch replays every strategy --repeats times (2); the largest gap of one torch repeat from the torch
 mean is reported as `torch_noise_*`, the floor the sim errors should be read against. Run it on an
 otherwise idle machine (the script records the load average it started at); ~9 minutes on 2 cores.
@@ -58,32 +61,6 @@ def workload_variant(src: Path, dst: Path, **overrides) -> Path:
 def scaled_workload(run_dir: Path, time_scale: float) -> Path:
     """The bundled Azure code workload with `time_scale` replaced."""
     return workload_variant(WORKLOAD, run_dir / "workload.toml", time_scale=time_scale)
-
-
-def workload_prompt_file(run_dir: Path, workload: Path, n: int) -> Path:
-    """The first `n` distinct prompts the torch replay sends, as the token ids it sends (a JSONL prompt
-    file of `prompt_token_ids` records). Not as text: decoded and encoded again, 17 of these 24 came
-    back as other ids (the replay pads prompts cyclically at the token level), and traces recorded on
-    the re-encoded text accepted 0.83 of K=2 drafts where the replay of the same 24 requests accepted
-    0.71 (traces on the exact ids: 0.70)."""
-    import json
-
-    from autospec.config import PairSpec
-    from autospec.evaluate import _torch_prompts
-    from autospec.workloads.spec import load_workload
-
-    trace = load_workload(workload)
-    seen, lines = set(), []
-    for r, ids in zip(trace.requests(), _torch_prompts(trace, None, PairSpec())):
-        if r.prompt in seen:
-            continue
-        seen.add(r.prompt)
-        lines.append(json.dumps({"prompt_token_ids": list(ids), "domain": r.domain or "code", "id": r.req_id}))
-        if len(lines) == n:
-            break
-    path = run_dir / "workload_prompts.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def workload_limits(workload: Path) -> dict[str, int]:
@@ -164,15 +141,12 @@ def main() -> None:
     workload = scaled_workload(run_dir, args.time_scale)
     t0 = time.perf_counter()
     if not (args.reuse_profile and (run_dir / "profile" / "latency.parquet").is_file()):
-        prompts = workload_prompt_file(run_dir, workload, args.profile_prompts)
-        # traces as long as the workload's outputs and on its whole prompts: a shorter trace wraps
-        # (the simulator would replay early positions' acceptance late in a request), and a cut prompt
-        # makes the target continue differently from what the torch replay generates
+        # traces as long as the workload's outputs (a shorter trace wraps: the simulator would replay
+        # early positions' acceptance late in a request), on the ids the torch replay sends (--workload)
         limits = workload_limits(workload)
-        autospec("profile", "--out", str(run_dir), "--prompts", str(prompts),
+        autospec("profile", "--out", str(run_dir), "--workload", str(workload),
                  "--prompts-per-domain", str(args.profile_prompts),
                  "--trace-tokens", str(limits["max_output_tokens"]),
-                 "--max-prompt-tokens", str(limits["max_prompt_tokens"]),
                  *([] if args.full_profile else ["--quick"]))
     profile_s = time.perf_counter() - t0
     autospec("fit", str(run_dir))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_fidelity import autospec, fidelity_rows, scaled_workload, workload_limits, workload_prompt_file  # noqa: E402
+from sim_fidelity import autospec, fidelity_rows, scaled_workload, workload_limits  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("tpot_mean", "throughput_tok_s", "tpot_p99", "ttft_mean")
@@ -64,12 +64,10 @@ def main() -> None:
     workload.write_text(text)
     t0 = time.perf_counter()
     if not (args.reuse_profile and (run_dir / "profile" / "latency.parquet").is_file()):
-        prompts = workload_prompt_file(run_dir, workload, args.profile_prompts)
         limits = workload_limits(workload)  # traces sized to the workload (benchmarks/sim_fidelity.py)
-        autospec("profile", "--engine", "vllm", "--out", str(run_dir), "--prompts", str(prompts),
+        autospec("profile", "--engine", "vllm", "--out", str(run_dir), "--workload", str(workload),
                  "--prompts-per-domain", str(args.profile_prompts), "--quick",
-                 "--trace-tokens", str(limits["max_output_tokens"]),
-                 "--max-prompt-tokens", str(limits["max_prompt_tokens"]), "--repeats", str(args.profile_repeats))
+                 "--trace-tokens", str(limits["max_output_tokens"]), "--repeats", str(args.profile_repeats))
     profile_s = time.perf_counter() - t0
     autospec("fit", str(run_dir))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

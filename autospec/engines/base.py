@@ -81,6 +81,9 @@ class GenRequest:
     domain: str = ""  # the request's prompt domain (code, chat, math, ...)
     trace_id: int | None = None  # the serving loop's stable id: the same across a preemption and re-add
     resumed_tokens: int = 0  # how many trailing tokens of `prompt` this request generated before a preemption
+    # the prompt it was built from, as `autospec.serving.replay.prompt_key` names it: the simulator
+    # replays that prompt's own acceptance trace when the profile recorded one
+    prompt_key: str | None = None
 
 
 @dataclass(frozen=True)

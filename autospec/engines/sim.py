@@ -1,11 +1,13 @@
 """The simulator: an Engine whose clock comes from the fitted latency model and whose acceptance comes
 from recorded acceptance traces (docs/architecture.md, "sim").
 
-Binding. Each request replays one acceptance trace of its domain (`GenRequest.domain`; an empty or
-unprofiled domain draws from every trace). The choice is a seeded hash of the request's stable
-`GenRequest.trace_id` (the serving loop's id), so a preempted request that is re-added keeps its
-trace and resumes at `GenRequest.resumed_tokens`. Output position g (0 = the prefill's token) reads
-trace position g mod N: outputs longer than the trace wrap around it.
+Binding. A request whose prompt the profile traced (`GenRequest.prompt_key` names a trace:
+`autospec profile --workload` records the ids the real replay sends) replays that trace — at T=0
+exactly what the torch engine accepts on it. Any other request replays one acceptance trace of its
+domain (`GenRequest.domain`; an empty or unprofiled domain draws from every trace), chosen by a seeded
+hash of its stable `GenRequest.trace_id` (the serving loop's id). Either way a preempted request that
+is re-added keeps its trace and resumes at `GenRequest.resumed_tokens`. Output position g (0 = the
+prefill's token) reads trace position g mod N: outputs longer than the trace wrap around it.
 
 Acceptance. At position g the trace holds the draft's greedy chain (K_max tokens with confidence,
 entropy, KL(target‖draft) and the target's probability of each), and the match length m. At T=0,
@@ -137,6 +139,7 @@ class AcceptanceTraces:
         for i, d in enumerate(domains):
             self.by_domain.setdefault(str(d), []).append(i)
         self.all_traces = list(range(len(starts)))
+        self.by_prompt: dict[str, int] = {str(p): i for i, p in enumerate(ids[starts])}
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -308,7 +311,12 @@ class SimEngine:
         except KeyError:
             raise KeyError(f"unknown request id {req_id}") from None
 
-    def _trace_for(self, domain: str, key: int) -> int:
+    def _trace_for(self, domain: str, key: int, prompt_key: str | None = None) -> int:
+        """The request's own prompt's trace when the profile recorded it (`GenRequest.prompt_key`),
+        else a seeded pick among its domain's traces."""
+        own = self.traces.by_prompt.get(prompt_key) if prompt_key is not None else None
+        if own is not None:
+            return own
         pool = self.traces.by_domain.get(domain) or self.traces.all_traces
         return pool[_mix(self.seed, key) % len(pool)]
 
@@ -327,7 +335,7 @@ class SimEngine:
             rid = self._next_id
             self._next_id += 1
             key = rid if r.trace_id is None else r.trace_id
-            t = self._trace_for(r.domain, key)
+            t = self._trace_for(r.domain, key, r.prompt_key)
             req = _SimRequest(tr.starts[t], tr.lengths[t], int(r.resumed_tokens), n_prompt, r.max_tokens,
                               _mix(self.seed, key))
             tok = tr.target_token[req.p]

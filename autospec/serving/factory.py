@@ -7,6 +7,7 @@ one place that turns `PairSpec` / `EngineSpec` into a `TorchSDEngine`.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Sequence
 
@@ -19,9 +20,10 @@ from autospec.errors import InputError
 from autospec.latency import LinearLatencyModel, fit_linear, linear_features
 from autospec.strategy import StrategySpec, load_preset, spec_from_dict
 from autospec.workloads.prompts import Prompt
+from autospec.workloads.trace import TraceRequest
 
 __all__ = ["build_engine", "encode_prompts", "load_tokenizer", "needs_latency_model", "prompt_token_ids",
-           "quick_latency_model", "random_vocab", "strategy_spec"]
+           "quick_latency_model", "random_vocab", "sent_prompt_ids", "strategy_spec"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_FREE = ({"static", "none"}, {"all"})  # length / verify policies that need no latency model
@@ -85,6 +87,22 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
         if not i:
             raise InputError("prompt encodes to no tokens", path=p.source_id)
     return ids
+
+
+def sent_prompt_ids(rows: Sequence[TraceRequest], tokenizer) -> list[list[int]]:
+    """The token ids a real replay sends for trace rows with prompt text: the text's ids clipped or
+    cyclically padded to the row's prompt_len (`autospec evaluate` on torch; `autospec profile
+    --workload` traces exactly these)."""
+    cache: dict[str, list[int]] = {}
+    out = []
+    for r in rows:
+        ids = cache.get(r.prompt or "")
+        if ids is None:
+            ids = cache[r.prompt or ""] = tokenizer.encode(r.prompt or "", add_special_tokens=False)
+        if not ids:
+            raise InputError("prompt encodes to no tokens", path=r.source_id)
+        out.append(list(itertools.islice(itertools.cycle(ids), r.prompt_len)))
+    return out
 
 
 def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:

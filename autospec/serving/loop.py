@@ -326,7 +326,7 @@ class _Serving:
             done = produced.get(s.req_id)
             prompt = src.prompt if not done else ConcatTokens(src.prompt, done)
             gen.append(GenRequest(prompt, s.max_tokens - s.generated, self.ignore_eos, domain=s.domain,
-                                  trace_id=s.req_id, resumed_tokens=len(done or ())))
+                                  trace_id=s.req_id, resumed_tokens=len(done or ()), prompt_key=src.prompt_key))
         res = engine.add(gen)
         t_first = engine.now() - t0
         if produced and any(g.resumed_tokens for g in gen):

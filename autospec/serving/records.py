@@ -57,6 +57,7 @@ class ServeRequest:
     max_tokens: int
     domain: str = ""
     predicted_output_len: float | None = None
+    prompt_key: str | None = None  # the prompt it was built from (`autospec.serving.replay.prompt_key`)
 
 
 @dataclass

@@ -30,6 +30,7 @@ the engine and the fit's FASER models in here.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -42,7 +43,7 @@ from autospec.serving.metrics import Slo
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.step import StepSettings
 from autospec.strategy import Strategy, StrategySpec, build_strategy, calibration_flags, uncalibrated_warnings
-from autospec.workloads.trace import Trace
+from autospec.workloads.trace import Trace, TraceRequest
 
 __all__ = ["Replay", "closed_loop_requests", "sim_replay", "step_settings", "trace_requests"]
 
@@ -54,7 +55,19 @@ def trace_requests(trace: Trace, prompts: Sequence[Sequence[int]] | None = None,
     rows = list(trace.requests())
     if prompts is None:
         prompts = [SyntheticPrompt(r.prompt_len, vocab, r.req_id) for r in rows]
-    return [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain) for r, p in zip(rows, prompts)]
+    return [ServeRequest(r.req_id, r.arrival_s, p, r.output_len, r.domain, prompt_key=prompt_key(r))
+            for r, p in zip(rows, prompts)]
+
+
+def prompt_key(row: TraceRequest) -> str | None:
+    """The name of the token ids a replay sends for a trace row with prompt text: its prompt's source and
+    the length it is clipped or cyclically padded to (`autospec.serving.factory.sent_prompt_ids`). A
+    profile that traced those ids (`autospec profile --workload`) names the trace so, and the simulator
+    replays the row on it; None for a row without text."""
+    if row.prompt is None:
+        return None
+    source = row.source_id or "sha256:" + hashlib.sha256(row.prompt.encode("utf-8")).hexdigest()[:16]
+    return f"{source}@{row.prompt_len}"
 
 
 def closed_loop_requests(requests: Sequence[ServeRequest]) -> list[ServeRequest]:

@@ -1,0 +1,72 @@
+"""`autospec profile --workload`: the acceptance traces are recorded on the token ids the workload's real
+replay sends, named by `prompt_key`, and the simulator replays every such request on its own trace — at
+T=0 it then accepts exactly what the torch engine accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autospec.calibration import ProfileSettings
+from autospec.engines.base import GenRequest
+from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
+from autospec.engines.torch_engine import TorchSDEngine
+from autospec.latency import LinearCoeffs, LinearLatencyModel
+from autospec.profile import record_acceptance, workload_prompts
+from autospec.serving.factory import load_tokenizer, sent_prompt_ids
+from autospec.serving.loop import serve
+from autospec.serving.replay import prompt_key, trace_requests
+from autospec.serving.step import StepSettings
+from autospec.strategy import build_strategy, load_preset
+from autospec.workloads.spec import load_workload
+
+from stage_helpers import synthetic_workload
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("wl") / "w.toml"
+    path.write_text(synthetic_workload("sent", rate=50.0, duration_s=1.0, max_requests=8, prompt_tokens=40,
+                                       output_tokens=8, bundled_prompts=True))
+    return path
+
+
+def test_workload_prompts_are_the_ids_the_replay_sends(workload, bundled_pair):
+    tokenizer = load_tokenizer(bundled_pair[0])
+    rows = list(load_workload(workload).requests())
+    traced = workload_prompts(workload, tokenizer, per_domain=100)
+    sent = dict(zip((prompt_key(r) for r in rows), sent_prompt_ids(rows, tokenizer)))
+    assert len(traced) == len(sent) and all(p.ids == sent[p.prompt_id] for p in traced)
+    assert {r.domain for r in rows} == {p.domain for p in traced}
+    assert len(workload_prompts(workload, tokenizer, per_domain=1)) == len({r.domain for r in rows})
+
+
+def test_the_simulator_accepts_what_the_torch_engine_accepts_on_the_sent_prompts(workload, bundled_pair):
+    target, draft = bundled_pair
+    settings = ProfileSettings(k_max=3, prompts_per_domain=100, trace_tokens=24, max_prompt_tokens=4096)
+    engine = TorchSDEngine(target, draft, k_max=3)
+    traced = workload_prompts(workload, load_tokenizer(target), settings.prompts_per_domain)
+    traces = AcceptanceTraces(record_acceptance(engine, traced, settings), 3)
+    costs = SimCosts(LinearLatencyModel(LinearCoeffs(0.0, 0.0, 1e-3), LinearCoeffs(0.0, 0.0, 1e-2)),
+                     (0.0, 0.0), (0.0, 0.0))
+    sim = SimEngine(traces, costs, k_max=3)
+    trace = load_workload(workload)
+    rows = list(trace.requests())
+    assert all(r.output_len < settings.trace_tokens for r in rows)  # no wrap-around: exact at T=0
+    real_requests = trace_requests(trace, sent_prompt_ids(rows, load_tokenizer(target)))
+    sim_requests = trace_requests(trace, vocab=100)
+    assert [r.prompt_key for r in sim_requests] == [prompt_key(r) for r in rows]
+    strategy = load_preset("static-k2")
+    accepted = {}
+    for label, eng, reqs in (("torch", engine, real_requests), ("sim", sim, sim_requests)):
+        records = serve(eng, build_strategy(strategy), reqs, max_batch=4, keep_outputs=True,
+                        settings=StepSettings(k_max=3, latency_model=sim.latency_model))
+        frame = records.requests_frame().sort_values("req_id")
+        accepted[label] = frame["rounds_accepted"].map(sum).tolist()
+    assert accepted["sim"] == accepted["torch"] and sum(accepted["torch"]) > 0
+    # without the key the simulator falls back to a seeded trace of the request's domain
+    first = sim.add([GenRequest([1, 2, 3], 4, domain=rows[0].domain, trace_id=5)]).first_tokens
+    own = sim.add([GenRequest([1, 2, 3], 4, domain=rows[0].domain, prompt_key=prompt_key(rows[0]))]).first_tokens
+    assert own == [traces.target_token[traces.starts[traces.by_prompt[prompt_key(rows[0])]]]]
+    assert len(first) == 1

@@ -457,18 +457,22 @@ def select_prompts(prompt_files: Sequence[Path], per_domain: int, dataset=None, 
     return [p for group in grouped.values() for p in group[:per_domain]]
 
 
-def workload_prompts(workload: Path, tokenizer, per_domain: int) -> list[EncodedPrompt]:
+WORKLOAD_TRACE_CAP = 1024  # [chosen] longest trace `--workload` sizes to a request's output; longer ones wrap
+
+
+def workload_prompts(workload: Path, tokenizer, per_domain: int) -> tuple[list[EncodedPrompt], int]:
     """The prompts a real replay of `workload` sends, as it sends them (`sent_prompt_ids`: the text's
     ids clipped or cyclically padded to the request's prompt length), named by `prompt_key` so the
     simulator replays each request on its own prompt's trace: the first `per_domain` distinct ones per
-    domain in arrival order. Empty when the workload has no prompt texts (synthetic ids)."""
+    domain in arrival order; and the longest output among their requests (what a trace must cover not
+    to wrap). Empty when the workload has no prompt texts (synthetic ids)."""
     from autospec.serving.factory import sent_prompt_ids
     from autospec.serving.replay import prompt_key
     from autospec.workloads.spec import load_workload
 
     trace = load_workload(workload)
     if not trace.has_prompts:
-        return []
+        return [], 0
     rows, seen, per = [], set(), {}
     for r in trace.requests():
         key = prompt_key(r)
@@ -477,7 +481,9 @@ def workload_prompts(workload: Path, tokenizer, per_domain: int) -> list[Encoded
         seen.add(key)
         per[r.domain] = per.get(r.domain, 0) + 1
         rows.append(r)
-    return [EncodedPrompt(prompt_key(r) or "", r.domain, ids) for r, ids in zip(rows, sent_prompt_ids(rows, tokenizer))]
+    sent = sent_prompt_ids(rows, tokenizer)
+    prompts = [EncodedPrompt(prompt_key(r) or "", r.domain, ids) for r, ids in zip(rows, sent)]
+    return prompts, max(r.output_len for r in rows)
 
 
 def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files: Sequence[Path] = (),
@@ -501,10 +507,13 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
     tokenizer = load_tokenizer(pair.target)
-    encoded = workload_prompts(workload, tokenizer, settings.prompts_per_domain) if workload is not None else []
+    encoded, longest_output = (workload_prompts(workload, tokenizer, settings.prompts_per_domain)
+                               if workload is not None else ([], 0))
     texts: list = []
-    if encoded:  # traced as sent: no prompt is cut
-        settings = settings.model_copy(update={"max_prompt_tokens": max(len(p.ids) for p in encoded)})
+    if encoded:  # traced as sent: no prompt is cut, and as long as the outputs (up to the cap), not wrapped
+        trace_tokens = max(settings.trace_tokens, min(longest_output, WORKLOAD_TRACE_CAP))
+        settings = settings.model_copy(update={"max_prompt_tokens": max(len(p.ids) for p in encoded),
+                                               "trace_tokens": trace_tokens})
     else:
         vocab = random_vocab(tokenizer) if dataset is not None and dataset.needs_vocab else None
         texts = select_prompts(prompt_files, settings.prompts_per_domain, dataset, seed=settings.seed, vocab=vocab)

@@ -35,18 +35,19 @@ def workload(tmp_path_factory) -> Path:
 def test_workload_prompts_are_the_ids_the_replay_sends(workload, bundled_pair):
     tokenizer = load_tokenizer(bundled_pair[0])
     rows = list(load_workload(workload).requests())
-    traced = workload_prompts(workload, tokenizer, per_domain=100)
+    traced, longest = workload_prompts(workload, tokenizer, per_domain=100)
     sent = dict(zip((prompt_key(r) for r in rows), sent_prompt_ids(rows, tokenizer)))
     assert len(traced) == len(sent) and all(p.ids == sent[p.prompt_id] for p in traced)
     assert {r.domain for r in rows} == {p.domain for p in traced}
-    assert len(workload_prompts(workload, tokenizer, per_domain=1)) == len({r.domain for r in rows})
+    assert longest == max(r.output_len for r in rows)
+    assert len(workload_prompts(workload, tokenizer, per_domain=1)[0]) == len({r.domain for r in rows})
 
 
 def test_the_simulator_accepts_what_the_torch_engine_accepts_on_the_sent_prompts(workload, bundled_pair):
     target, draft = bundled_pair
     settings = ProfileSettings(k_max=3, prompts_per_domain=100, trace_tokens=24, max_prompt_tokens=4096)
     engine = TorchSDEngine(target, draft, k_max=3)
-    traced = workload_prompts(workload, load_tokenizer(target), settings.prompts_per_domain)
+    traced, _ = workload_prompts(workload, load_tokenizer(target), settings.prompts_per_domain)
     traces = AcceptanceTraces(record_acceptance(engine, traced, settings), 3)
     costs = SimCosts(LinearLatencyModel(LinearCoeffs(0.0, 0.0, 1e-3), LinearCoeffs(0.0, 0.0, 1e-2)),
                      (0.0, 0.0), (0.0, 0.0))
@@ -70,3 +71,30 @@ def test_the_simulator_accepts_what_the_torch_engine_accepts_on_the_sent_prompts
     own = sim.add([GenRequest([1, 2, 3], 4, domain=rows[0].domain, prompt_key=prompt_key(rows[0]))]).first_tokens
     assert own == [traces.target_token[traces.starts[traces.by_prompt[prompt_key(rows[0])]]]]
     assert len(first) == 1
+
+
+def test_profile_pair_sizes_workload_traces_to_the_prompts_and_outputs_it_sends(workload, bundled_pair, tmp_path,
+                                                                               monkeypatch):
+    """Traced whole (no prompt cut to --max-prompt-tokens) and as long as the longest output, so the
+    simulator neither replays another context nor wraps a request around its trace."""
+    import autospec.profile as profile
+    from autospec.config import PairSpec
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def spy(engine, prompts, settings, *args, **kwargs):
+        seen.update(prompts=prompts, settings=settings)
+        raise Stop
+
+    monkeypatch.setattr(profile, "run_profile", spy)
+    quick = ProfileSettings.quick(3).model_copy(update={"trace_tokens": 4, "max_prompt_tokens": 8})
+    with pytest.raises(Stop):
+        profile.profile_pair(tmp_path / "run", PairSpec(target=bundled_pair[0], draft=bundled_pair[1]), quick,
+                             workload=workload)
+    rows = list(load_workload(workload).requests())
+    assert seen["settings"].trace_tokens == max(r.output_len for r in rows) > 4
+    assert seen["settings"].max_prompt_tokens == max(len(p.ids) for p in seen["prompts"]) > 8
+    assert {p.prompt_id for p in seen["prompts"]} == {prompt_key(r) for r in rows}

@@ -115,6 +115,13 @@ def test_profile_refuses_bad_input(tiny_pair, tmp_path):
     assert res.exit_code == 2 and res.stderr.startswith("error:") and res.stderr.count("\n") == 1
     res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--k-max", "0"])
     assert res.exit_code == 2 and "k-max" in res.stderr
+    # --workload names the prompts to trace: a missing file, or together with --prompts, is one line
+    res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--workload", str(tmp_path / "none.toml")])
+    assert res.exit_code == 2 and "no such workload file" in res.stderr and res.stderr.count("\n") == 1
+    (tmp_path / "w.toml").write_text("[workload]\n")
+    res = runner.invoke(app, ["profile", "--out", str(tmp_path / "run"), "--workload", str(tmp_path / "w.toml"),
+                              "--prompts", str(tmp_path / "w.toml")])
+    assert res.exit_code == 2 and "--workload" in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 

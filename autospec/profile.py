@@ -43,9 +43,11 @@ from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, ProfileSet
 from autospec.config import EngineSpec
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
+from autospec.serving.replay import prompt_key
 from autospec.telemetry import TelemetrySampler, snapshot
 from autospec.workloads.default_prompts import bundled_prompt_sets
 from autospec.workloads.prompts import Prompt, load_prompts, prompt_set_digest
+from autospec.workloads.spec import load_workload
 
 # torch, the torch engine and serving.factory (which imports both) are imported where they are used:
 # `fit`, `report`, `tune` and the simulator import this module to read profiles, without torch (+1.4 s)
@@ -467,8 +469,6 @@ def workload_prompts(workload: Path, tokenizer, per_domain: int) -> tuple[list[E
     domain in arrival order; and the longest output among their requests (what a trace must cover not
     to wrap). Empty when the workload has no prompt texts (synthetic ids)."""
     from autospec.serving.factory import sent_prompt_ids
-    from autospec.serving.replay import prompt_key
-    from autospec.workloads.spec import load_workload
 
     trace = load_workload(workload)
     if not trace.has_prompts:

@@ -158,6 +158,13 @@ class FitModels(BaseModel):
     # None when the profile has none (the torch engine's pass is the same either way)
     clock_plain: dict[str, Any] | None = None
     clock_plain_mape: float | None = None
+    # what a drafting round costs on top of its draft passes, from `round` profile rows (vLLM's proposer:
+    # its first pass re-feeds every verified token, and it works outside the passes); None when the
+    # profile has none (the torch engine: a round is its passes). `draft_step_mape`: the clock's error
+    # on the profile's whole draft steps (K passes + the round) at each profiled K, in-sample
+    clock_draft_round: dict[str, Any] | None = None
+    clock_draft_round_error: float | None = None
+    draft_step_mape: float | None = None
     piecewise: dict[str, dict[str, Any]]
     piecewise_mape: dict[str, float]
     prefill: dict[str, PrefillLine]

@@ -458,6 +458,8 @@ def fit(
     if models.clock_mape:
         table.add_row("clock MAPE (simulator)", f"{models.clock_mape['draft']:.1%}",
                       f"{models.clock_mape['target']:.1%}")
+    if models.draft_step_mape is not None:  # a vLLM profile: K passes + the round, on its whole draft steps
+        table.add_row("draft step MAPE (K passes + round, in-sample)", f"{models.draft_step_mape:.1%}", "")
     table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",
                   f"{models.piecewise_mape['target']:.1%}")
     for name in ("draft", "target"):

@@ -104,6 +104,11 @@ class FitResult:
         return LinearCoeffs(**self.models.clock_plain) if self.models.clock_plain else None
 
     @property
+    def draft_round_clock(self) -> LinearCoeffs | None:
+        """FitModels.clock_draft_round as coefficients (None when the profile had no round rows)."""
+        return LinearCoeffs(**self.models.clock_draft_round) if self.models.clock_draft_round else None
+
+    @property
     def sps(self) -> tuple[list[int], list[float]]:
         return [int(b) for b in self.models.sps["tokens"]], list(self.models.sps["values"])
 
@@ -266,7 +271,46 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                                   (plain["batch"] * plain["tokens"]).to_numpy(float),
                                   plain["median_s"].to_numpy(float)])
         out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
+    out["clock_draft_round"], out["clock_draft_round_error"], out["draft_step_mape"] = _draft_round_fit(
+        latency, phase, out["clock"]["draft"], seed)
     return out
+
+
+def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
+                     seed: int) -> tuple[LinearCoeffs | None, float | None, float | None]:
+    """The draft round's clock from the profile's `round` rows (a vLLM profile; its k-fold MAPE), and
+    the error of the whole-step clock — K draft passes plus the round — on the `step` rows the two
+    were split from (in-sample). (None, None, None) without round rows."""
+    rows = latency[(latency["model"] == "draft") & (phase == "round")]
+    if len(rows) < 5:
+        return None, None, None
+    b, c, t = (rows[k].to_numpy(float) for k in ("batch", "context", "median_s"))
+    design = np.column_stack([b * c, b, t])
+    # a round's cost can be ~0 at some shapes (the line's intercept held at 0): fit it in absolute
+    # terms — relative residuals of a near-zero row would dominate
+    coeffs = _nonnegative_linear(design)
+    errors = []
+    for test in _folds(len(design), seed):
+        train = np.setdiff1d(np.arange(len(design)), test)
+        co = _nonnegative_linear(design[train])
+        errors.extend(abs(co.forward(nc, nb) - s) for nc, nb, s in design[test])
+    scale = float(np.mean(t)) or 1.0
+    steps = latency[(latency["model"] == "draft") & (phase == "step")]
+    step_mape = None
+    if len(steps):
+        sb, sk, sc, st = (steps[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
+        predicted = [k * draft_clock.forward(bb * cc, bb) + coeffs.forward(bb * cc, bb)
+                     for bb, k, cc in zip(sb, sk, sc)]
+        step_mape = mape(predicted, st)
+    return coeffs, float(np.mean(errors)) / scale, step_mape
+
+
+def _nonnegative_linear(design: np.ndarray) -> LinearCoeffs:
+    """(α, γ, δ) >= 0 of seconds = α·N_c + γ·N_b + δ by non-negative least squares on rows [N_c, N_b, s]."""
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(np.column_stack([design[:, 0], design[:, 1], np.ones(len(design))]), design[:, 2])
+    return LinearCoeffs(float(coef[0]), float(coef[1]), float(coef[2]))
 
 
 def _linear_with_cv(design: np.ndarray, log_term: bool, seed: int) -> tuple[LinearCoeffs, float]:
@@ -530,7 +574,10 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
         clock=LinearLatencyModel(draft=lat["clock"]["draft"], target=lat["clock"]["target"]).to_dict(),
         clock_mape=lat["clock_mape"],
         clock_plain=asdict(lat["clock_plain"]) if lat["clock_plain"] is not None else None,
-        clock_plain_mape=lat["clock_plain_mape"], piecewise=lat["piecewise"],
+        clock_plain_mape=lat["clock_plain_mape"],
+        clock_draft_round=asdict(lat["clock_draft_round"]) if lat["clock_draft_round"] is not None else None,
+        clock_draft_round_error=lat["clock_draft_round_error"], draft_step_mape=lat["draft_step_mape"],
+        piecewise=lat["piecewise"],
         piecewise_mape=lat["piecewise_mape"],
         prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],
         sps={"tokens": [float(t) for t in tokens], "values": values}, sps_context=ctx,
@@ -588,7 +635,7 @@ def sim_costs(fit: FitResult) -> SimCosts:
     return SimCosts(fit.latency_model,
                     (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
                     (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
-                    clock=fit.clock_model, plain_target=fit.plain_target_clock)
+                    clock=fit.clock_model, plain_target=fit.plain_target_clock, draft_round=fit.draft_round_clock)
 
 
 class FittedSimEngine(SimEngine):

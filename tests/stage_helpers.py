@@ -19,9 +19,12 @@ K_MAX = 4
 
 
 def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] | None = None,
-                      plain: tuple[float, float, float] | None = None) -> pd.DataFrame:
+                      plain: tuple[float, float, float] | None = None,
+                      draft_round: tuple[float, float, float] | None = None) -> pd.DataFrame:
     """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model (the
-    simulator's clock term); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`)."""
+    simulator's clock term); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`);
+    `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows and the `step` rows (K passes +
+    the round, K = 1, 2, 4) they are split from."""
     rng = np.random.default_rng(seed)
     rows = []
     for model, (a, g, d) in TRUE.items():
@@ -33,6 +36,18 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                     t *= 1 + noise * rng.standard_normal()
                     rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
                                  "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
+        if model == "draft" and draft_round is not None:  # a vLLM profile's draft rounds and steps
+            ra, rg, rd = draft_round
+            for batch in (1, 2, 4, 8):
+                for context in (32, 128, 512):
+                    round_s = ra * batch * context + rg * batch + rd
+                    rows.append({"model": "draft", "phase": "round", "batch": batch, "tokens": 1, "context": context,
+                                 "sm_split": np.nan, "median_s": round_s, "mad_s": 0.0, "repeats": 5})
+                    for k in (1, 2, 4):
+                        rows.append({"model": "draft", "phase": "step", "batch": batch, "tokens": k,
+                                     "context": context, "sm_split": np.nan,
+                                     "median_s": round_s + k * (a * batch * context + g * batch + d),
+                                     "mad_s": 0.0, "repeats": 5})
         if model == "target" and plain is not None:  # a plain (no-SD) engine's target step
             pa, pg, pd_ = plain
             for batch in (1, 2, 4, 8):
@@ -70,10 +85,10 @@ def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: f
 
 def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0,
                         lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None,
-                        engine: str = "torch") -> Path:
+                        engine: str = "torch", draft_round: tuple[float, float, float] | None = None) -> Path:
     """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
-    write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain))
+    write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root

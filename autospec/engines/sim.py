@@ -49,8 +49,10 @@ b·max tokens (prompts too: `add` prices b·longest prompt) — at batch 8, one 
 made a verify 2.4x the cost of the same total context spread evenly — and a round's first draft pass
 feeds the committed tokens the draft has not seen (`draft_lag`: 2 after a verify that accepted every
 draft, which the profile times as its own shape). vLLM packs a batch's rows (paged attention), so a
-vLLM profile's simulator sums contexts and tokens; what vLLM's drafter feeds in a round's first pass
-is not modelled (docs/architecture.md, "sim"). Under an SM split r > 0 (`configure_execution`, or per step
+vLLM profile's simulator sums contexts and tokens, and charges each drafting round the fit's round
+cost (`SimCosts.draft_round`) over the requests that start it: vLLM's proposer re-feeds every
+verified token in its first pass and works outside the passes, which the profile measures as the
+intercept of draft time per step over K (docs/architecture.md, "sim"). Under an SM split r > 0 (`configure_execution`, or per step
 `set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
 pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1,
 1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
@@ -157,6 +159,9 @@ class SimCosts:
     clock: LinearLatencyModel | None = None
     # the target's clock in an engine serving without SD (fit's clock_plain; vLLM's plain engine)
     plain_target: LinearCoeffs | None = None
+    # what a drafting round costs on top of its passes (fit's clock_draft_round; vLLM's proposer), as
+    # α·N_c + γ·N_b + δ over the requests that start a round; None: a round is its passes
+    draft_round: LinearCoeffs | None = None
 
     def prefill_time(self, tokens: int) -> float:
         if tokens <= 0:
@@ -265,6 +270,7 @@ class SimEngine:
         self._target_coef = (t.alpha, t.gamma, t.delta)
         self._draft_lam, self._target_lam = d.lam, t.lam  # λ·log2(tokens in the pass), 0 = AdaSpec's line
         self._sd_target = (self._target_coef, self._target_lam)
+        self._round = costs.draft_round
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
@@ -416,6 +422,7 @@ class SimEngine:
         reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
         out = []
         context = longest = 0
+        starting = starting_context = 0  # requests whose round this pass starts (the round's cost)
         width = 1  # tokens fed per request, padded: a round's first pass feeds the draft's lag
         for rid in req_ids:
             r = reqs[rid]
@@ -429,8 +436,11 @@ class SimEngine:
             context += c
             if c > longest:
                 longest = c
-            if j == 0 and r.lag > width:
-                width = r.lag
+            if j == 0:
+                starting += 1
+                starting_context += c
+                if r.lag > width:
+                    width = r.lag
             r.lag = 1
             r.drafted = j + 1
         b = len(req_ids)
@@ -443,6 +453,8 @@ class SimEngine:
             dt = a * context + g * b + d
             if self._draft_lam:
                 dt += self._draft_lam * math.log2(b)
+            if self._round is not None and starting:
+                dt += self._round.forward(starting_context, starting)
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -461,6 +473,7 @@ class SimEngine:
         padded = self.padded_batches
         longest = [0] * (k_max + 1)  # padded: the longest context among requests drafting k tokens
         width = 1  # padded: tokens fed per request in round 0 (the draft's lag, `draft`)
+        starting = starting_context = 0  # requests whose round this call starts (the round's cost)
         for rid, k in zip(req_ids, lengths):
             r = reqs[rid]
             if k <= 0:
@@ -478,6 +491,9 @@ class SimEngine:
             ending[k] += 1
             if k > rounds:
                 rounds = k
+            if j0 == 0:
+                starting += 1
+                starting_context += r.context
             if padded:
                 longest[k] = max(longest[k], r.context + j0)
                 if j0 == 0 and r.lag > width:
@@ -487,6 +503,8 @@ class SimEngine:
             dt = self._padded_rounds_s(ending, longest, rounds, width)
         else:
             dt = self._rounds_s(weighted, drafted, rounds, ending)
+        if self._round is not None and starting and not self._split_r:
+            dt += self._round.forward(starting_context, starting)
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -626,8 +644,11 @@ class SimEngine:
         ending = [0] * (self.k_max + 1)
         longest = [0] * (self.k_max + 1)
         weighted, drafted, rounds = 0.0, 0, 0
+        starting = starting_context = 0
         for c, k in zip(contexts, lengths):
             if k > 0:
+                starting += 1
+                starting_context += c
                 weighted += k * c + k * (k - 1) / 2
                 drafted += k
                 ending[k] += 1
@@ -643,7 +664,8 @@ class SimEngine:
             verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1))
             return self._padded_rounds_s(ending, longest, rounds, 1) + verify_s
         verify_s = self._target_pass_s(sum(contexts), drafted + n)
-        return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
+        round_s = self._round.forward(starting_context, starting) if self._round is not None and starting else 0.0
+        return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
     def _target_pass_s(self, context: int, tokens: int) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b), N_b = tokens fed."""

@@ -75,6 +75,46 @@ def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(
     assert verify_s["no-sd"] < verify_s["static-k2"]
 
 
+def test_a_vllm_profiles_draft_round_is_fitted_and_charged_once_per_round(tmp_path):
+    """A vLLM profile's draft `round` rows (what a drafting round costs on top of its passes) give the
+    fit a round clock that adds the steps back up; the simulator charges it once per request starting
+    a round — on a round's first pass, in `draft_rounds` and in `step_time_s` alike — never per pass."""
+    round_coef = (3e-7, 4e-4, 1e-3)
+    run = write_synthetic_run(tmp_path, engine="vllm", draft_round=round_coef)
+    models = fit_profile(run)
+    fitted = models.clock_draft_round
+    assert (fitted["alpha"], fitted["gamma"], fitted["delta"]) == pytest.approx(round_coef, rel=1e-3)
+    assert models.draft_step_mape == pytest.approx(0.0, abs=1e-3)
+    assert models.clock_draft_round_error == pytest.approx(0.0, abs=1e-3)
+    write_fit(run, models)
+    a, g, d = TRUE["draft"]
+    ra, rg, rd = round_coef
+    prompts = [GenRequest(range(100), 50), GenRequest(range(60), 50)]
+
+    sim = SimEngine.from_dirs(run)
+    ids = sim.add(prompts).req_ids
+    t0 = sim.now()
+    sim.draft(ids)  # starts both requests' rounds: one pass and the round
+    first = sim.now() - t0
+    assert first == pytest.approx(a * (101 + 61) + g * 2 + d + ra * (101 + 61) + rg * 2 + rd, rel=1e-6)
+    t1 = sim.now()
+    sim.draft(ids)  # a later pass of the same rounds: the pass only
+    assert sim.now() - t1 == pytest.approx(a * (102 + 62) + g * 2 + d, rel=1e-6)
+
+    batched = SimEngine.from_dirs(run)
+    ids = batched.add(prompts).req_ids
+    predicted = batched.step_time_s([101, 61], [2, 1])
+    t0 = batched.now()
+    batched.draft_rounds(ids, [2, 1])
+    rounds_s = batched.now() - t0
+    assert rounds_s == pytest.approx(a * (101 + 102 + 61) + g * 3 + 2 * d + ra * (101 + 61) + rg * 2 + rd, rel=1e-6)
+    out = batched.verify({ids[0]: 2, ids[1]: 1})
+    assert predicted == pytest.approx(rounds_s + out.verify_time_s, rel=1e-9)
+
+    torch_sim = SimEngine.from_dirs(write_synthetic_run(tmp_path / "torch"))  # no round rows: a round is its passes
+    assert torch_sim.costs.draft_round is None
+
+
 def _serve_two(sim, preset="static-k2", gap=0.05):
     """r0 arrives at 0, r1 at `gap` (while r0 runs); 12 tokens each."""
     from autospec.serving.loop import serve

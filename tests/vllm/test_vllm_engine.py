@@ -196,6 +196,16 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     assert len(draft) == 2
     assert (draft["median_s"] > 1e-5).all()  # timed inside vLLM's worker, not clipped differences
     assert (draft["median_s"] < target[target["tokens"] == 1]["median_s"].max()).all()  # the smaller model
+    # the draft's whole steps at K = 1 and 2 (one engine, K set per step), and their line's split into
+    # per pass (decode) + per round: the rows add back up to the steps they came from
+    steps = lat[(lat["model"] == "draft") & (lat["phase"] == "step")]
+    assert sorted(zip(steps["batch"], steps["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert (steps.groupby("batch")["median_s"].apply(lambda t: t.iloc[1] > t.iloc[0])).all()  # K=2 costs more
+    rounds = lat[(lat["model"] == "draft") & (lat["phase"] == "round")].set_index("batch")["median_s"]
+    per_pass = draft.set_index("batch")["median_s"]
+    for (batch, k), median in zip(zip(steps["batch"], steps["tokens"]), steps["median_s"]):
+        assert rounds[batch] >= 0
+        assert median == pytest.approx(rounds[batch] + k * per_pass[batch], rel=1e-6)
     assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
     prefill = lat[lat["phase"] == "prefill"].set_index("model")["median_s"]
     assert 1e-5 < prefill["draft"] < prefill["target"]  # the draft's first forward pass, timed in vLLM

@@ -31,9 +31,16 @@ from autospec.serving.vllm.engine import (
 )
 from autospec.serving.vllm.step_log import read_step_log
 
-__all__ = ["profile_latency", "profile_units"]
+__all__ = ["draft_ks", "profile_latency", "profile_units"]
 
 FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"
+FIXED_K_DRAFT_SCHEDULER = "autospec.serving.vllm.scheduler.FixedKDraftScheduler"
+
+
+def draft_ks(k_max: int) -> list[int]:
+    """The draft lengths the draft engine is timed at: 1, 2, K_max / 2 and K_max [chosen: enough points
+    for a line over K, and a quarter of the cost of every K]."""
+    return sorted({k for k in (1, 2, k_max // 2, k_max) if 1 <= k <= k_max})
 
 
 def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int], None] | None = None):
@@ -43,10 +50,14 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
       (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
       worker spent in that proposer: the target's verify of k + 1 tokens per request plus vLLM's
       per-step work;
-    * draft decode (batch, 1, context): a draft_model engine's (K = K_max) draft time per step, as
-      vLLM's worker measures it (scheduler.DraftTimer), / K_max — one draft pass over the batch.
-      The first of a step's K_max passes runs over the tokens the target just verified, the others
-      over one token per request; the per-pass mean carries that;
+    * draft step (batch, tokens = K, context): a draft_model engine's draft time per step at K drafts
+      per request, as vLLM's worker measures it (scheduler.DraftTimer), for K in `draft_ks` — one
+      engine, its K set per step by `FixedKDraftScheduler`. A step's drafting is not K equal passes:
+      the proposer's first pass re-feeds every token the target verified (K + 1 per request) and it
+      works outside the passes too (docs/vllm.md, "Profile on vLLM"). Per (batch, context) a line
+      over K splits it: draft decode (batch, 1, context) = the slope, what one more draft pass
+      costs; draft round (batch, 1, context) = the intercept, what a round costs on top of its passes
+      (>= 0). `autospec fit` fits the simulator's clock to each;
     * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
       time (target: fixed engine); draft: the draft_model engine's first draft forward pass in its
       prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass);
@@ -68,6 +79,18 @@ def profile_units(settings) -> int:
     """Progress units `profile_latency` advances by: the profile's latency grid plus one per
     (batch, context) for the plain engine's decode_plain rows."""
     return len(latency_grid(settings, catch_up=False)) + len(settings.batches) * len(settings.contexts)
+
+
+def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:
+    """(per pass, per round) of a least-squares line seconds = per_round + per_pass·K over the draft
+    step medians at `ks`; the round term is held >= 0 (the line is refitted through the origin when
+    noise would make it negative: a round cannot cost less than its passes)."""
+    k, t = np.asarray(ks, float), np.asarray(medians, float)
+    if len(k) >= 2:
+        per_pass, per_round = np.polyfit(k, t, 1)
+        if per_round >= 0 and per_pass > 0:
+            return float(per_pass), float(per_round)
+    return float(k @ t / (k @ k)), 0.0
 
 
 def _split(step: dict) -> tuple[float, float]:
@@ -114,23 +137,38 @@ class _VllmLatencyProfiler:
             close_llm(llm)
 
     def draft_engine_rows(self, draft: Path, target_prefill: dict[int, list[float]]) -> None:
-        """Draft decode rows (draft time per step / K_max), then per prompt length the target's and the
-        draft's prefill rows, from a draft_model engine."""
+        """Draft step rows at every K of `draft_ks` and the decode and round rows of their line over K
+        (profile_latency), then per prompt length the target's and the draft's prefill rows, from a
+        draft_model engine whose K the fixed-K file sets step by step."""
         s = self.settings
-        k = s.k_max
-        llm = self.engine({"method": "draft_model", "model": str(draft), "num_speculative_tokens": k,
-                           "draft_sample_method": "greedy"})
+        ks = draft_ks(s.k_max)
+        llm = self.engine({"method": "draft_model", "model": str(draft), "num_speculative_tokens": s.k_max,
+                           "draft_sample_method": "greedy",
+                           "num_speculative_tokens_per_batch_size": [[1, max(s.batches), s.k_max]]},
+                          scheduler_cls=FIXED_K_DRAFT_SCHEDULER, async_scheduling=False)
         try:
+            self.k_file.write_text(str(s.k_max))
             self.warm_up(llm)
+            one_pass = 0.0
             for context in s.contexts:
                 for batch in s.batches:
-                    steps = self.decode_steps(llm, batch, context, (k + 1) * self.n_steps)
-                    times = [draft_s / k for _, draft_s in steps]
-                    if not all(times):
-                        raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
-                    self.row("draft", "decode", batch, 1, context + self.mid, times)
+                    medians = []
+                    for k in ks:
+                        self.k_file.write_text(str(k))
+                        times = [draft_s for _, draft_s in self.decode_steps(llm, batch, context,
+                                                                              (k + 1) * self.n_steps)]
+                        if not all(times):
+                            raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
+                        self.row("draft", "step", batch, k, context + self.mid, times)
+                        medians.append(float(np.median(times)))
+                    per_pass, per_round = draft_line(ks, medians)
+                    spread = self.rows[-1]["mad_s"] / ks[-1]  # the K_max steps' spread, per pass
+                    self.row("draft", "decode", batch, 1, context + self.mid, [per_pass], mad_s=spread)
+                    self.row("draft", "round", batch, 1, context + self.mid, [per_round], mad_s=spread)
+                    if batch == min(s.batches) and not one_pass:
+                        one_pass = per_pass
                     self.progress(1)
-            one_pass = float(self.rows[-len(s.batches) * len(s.contexts)]["median_s"])  # batch 1
+            self.k_file.write_text(str(s.k_max))
             for t, target_times in target_prefill.items():
                 self.row("target", "prefill", 1, t, 0, target_times)
                 self.row("draft", "prefill", 1, t, 0, [self.draft_prefill(step, one_pass)
@@ -155,12 +193,12 @@ class _VllmLatencyProfiler:
 
     # --- shared helpers ------------------------------------------------------------------------------
 
-    def engine(self, cfg: dict | None) -> Any:
+    def engine(self, cfg: dict | None, **extra: Any) -> Any:
         s = self.settings
         kwargs = engine_kwargs(self.target, cfg, max_num_seqs=max(s.batches), record_steps=self.log,
                                max_model_len=served_max_model_len(self.target, self.longest),
                                enable_prefix_caching=False,
-                               max_num_batched_tokens=max(4096, max(s.batches) * self.longest))
+                               max_num_batched_tokens=max(4096, max(s.batches) * self.longest), **extra)
         if cfg:
             kwargs["additional_config"]["autospec_fixed_k_file"] = str(self.k_file)
         return make_llm(kwargs)
@@ -196,10 +234,12 @@ class _VllmLatencyProfiler:
             return step["p"][0]
         return max(_split(step)[1] - (self.settings.k_max - 1) * one_pass, 1e-6)
 
-    def row(self, model, phase, batch, tokens, context, times) -> None:
+    def row(self, model, phase, batch, tokens, context, times, mad_s: float | None = None) -> None:
+        """One latency row from its timed repeats (or, for a derived row, its one value and `mad_s`)."""
         self.rows.append({"model": model, "phase": phase, "batch": batch, "tokens": tokens, "context": int(context),
-                          "sm_split": math.nan, "median_s": float(np.median(times)), "mad_s": mad(times),
-                          "repeats": len(times)})
+                          "sm_split": math.nan, "median_s": float(np.median(times)),
+                          "mad_s": mad(times) if mad_s is None else float(mad_s),
+                          "repeats": self.settings.repeats if mad_s is not None else len(times)})
 
     def progress(self, units: int) -> None:
         if self.advance is not None:

@@ -40,7 +40,7 @@ from vllm.v1.outputs import DraftTokenIds
 from autospec.contract import RequestView, RoundRecord, StepOutcome
 from autospec.serving.vllm.online import ONLINE_KEY, OnlineLength
 
-__all__ = ["DraftTimer", "FixedKProposer", "OnlineKScheduler", "RecordingScheduler"]
+__all__ = ["DraftTimer", "FixedKDraftScheduler", "FixedKProposer", "OnlineKScheduler", "RecordingScheduler"]
 
 STEP_LOG_KEY = "autospec_step_log"
 
@@ -334,3 +334,27 @@ class FixedKProposer:
             with open(self.path, encoding="utf-8") as fh:
                 k = min(int(fh.read().strip() or 0), self.k_max)
         return [[0] * k if len(sampled) else [] for sampled in sampled_token_ids]
+
+
+class FixedKDraftScheduler(RecordingScheduler):
+    """Profiling only: vLLM's scheduler with the batch K of every step read from the fixed-K file
+    (`additional_config["autospec_fixed_k_file"]`, as `FixedKProposer`), so one draft_model engine
+    times its draft proposals at every K (`latency_profile`'s draft rows). Needs
+    `num_speculative_tokens_per_batch_size` (vLLM then takes each step's K from `dynamic_sd_lookup`,
+    which this sets to k before vLLM reads it) and synchronous scheduling, like `OnlineKScheduler`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._k_path = (self.vllm_config.additional_config or {}).get(FIXED_K_FILE_KEY)
+        if not self._k_path or self.dynamic_sd_lookup is None or self.scheduler_config.async_scheduling:
+            raise ValueError(f"{type(self).__name__} needs additional_config[{FIXED_K_FILE_KEY!r}], "
+                             "num_speculative_tokens_per_batch_size and --no-async-scheduling")
+
+    def schedule(self, *args, **kwargs):
+        with open(self._k_path, encoding="utf-8") as fh:
+            k = min(int(fh.read().strip() or 0), self.num_spec_tokens)
+        lookup = self.dynamic_sd_lookup
+        lookup[:] = [k] * len(lookup)  # type: ignore[index]
+        out = super().schedule(*args, **kwargs)
+        out.num_spec_tokens_to_schedule = k
+        return out

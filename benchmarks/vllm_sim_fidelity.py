@@ -91,7 +91,9 @@ def main() -> None:
         "vllm_repeats": args.repeats,
         "vllm_noise_tpot_mean_max": max(r["vllm_noise_tpot_mean"] for r in rows),
         "profile": {"repeats": args.profile_repeats, "clock_mape": fit["clock_mape"],
-                    "clock_plain_mape": fit.get("clock_plain_mape"), "prefill": fit["prefill"],
+                    "clock_plain_mape": fit.get("clock_plain_mape"),
+                    "draft_step_mape": fit.get("draft_step_mape"),
+                    "clock_draft_round_error": fit.get("clock_draft_round_error"), "prefill": fit["prefill"],
                     "prefill_mape": fit["prefill_mape"]},
         "profile_s": round(profile_s, 1), "vllm_replay_s": round(vllm_s, 1), "load_average_at_start": load_at_start,
     }

@@ -52,8 +52,8 @@ draft, which the profile times as its own shape). vLLM packs a batch's rows (pag
 vLLM profile's simulator sums contexts and tokens, and charges each drafting round the fit's round
 cost (`SimCosts.draft_round`) over the requests that start it: vLLM's proposer re-feeds every
 verified token in its first pass and works outside the passes, which the profile measures as the
-intercept of draft time per step over K (docs/architecture.md, "sim"). Under an SM split r > 0 (`configure_execution`, or per step
-`set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
+intercept of draft time per step over K (docs/architecture.md, "sim"). Under an SM split r > 0
+(`configure_execution`, or per step `set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
 pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1,
 1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
 on the rest (the piecewise models carry no context term); without an r axis the split is recorded

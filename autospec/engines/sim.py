@@ -53,11 +53,11 @@ vLLM profile's simulator sums contexts and tokens, and charges each drafting rou
 cost (`SimCosts.draft_round`) over the requests that start it: vLLM's proposer re-feeds every
 verified token in its first pass and works outside the passes, which the profile measures as the
 intercept of draft time per step over K (docs/architecture.md, "sim"). Under an SM split r > 0
-(`configure_execution`, or per step `set_step_sm_split`: GP-LCB's choice) with FASER models that know r (`FaserModels.has_r_axis`), every
-pass is priced by those models instead — a draft pass T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1,
-1 − r) for n̄ the mean drafts verified — because the draft then runs on r of the SMs and the target
-on the rest (the piecewise models carry no context term); without an r axis the split is recorded
-but prices nothing.
+(`configure_execution`, or per step `set_step_sm_split`: GP-LCB's choice) with FASER models that
+know r (`FaserModels.has_r_axis`), every pass is priced by those models instead — a draft pass
+T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1, 1 − r) for n̄ the mean drafts verified — because the
+draft then runs on r of the SMs and the target on the rest (the piecewise models carry no context
+term); without an r axis the split is recorded but prices nothing.
 `idle_until` jumps the clock. Preemption is by recompute, as in the torch engine and vLLM: the
 serving loop removes a preempted request (its KV is freed, at no cost) and later re-adds it with its
 prompt + the tokens it had generated, and `add` charges that whole context's prefill — the one price

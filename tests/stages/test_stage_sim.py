@@ -115,6 +115,20 @@ def test_a_vllm_profiles_draft_round_is_fitted_and_charged_once_per_round(tmp_pa
     assert torch_sim.costs.draft_round is None
 
 
+def test_draft_line_splits_vllm_draft_steps_into_per_pass_and_per_round():
+    """The vLLM profile's split of draft time per step over K: slope = one more pass, intercept = the
+    round (measured on the bundled pair at batch 1: 2.5 / 4.5 / 7.9 / 13.8 ms at K = 1 / 2 / 4 / 8); a
+    noisy line whose intercept would be negative is refitted through the origin (round 0)."""
+    from autospec.serving.vllm.latency_profile import draft_ks, draft_line
+
+    assert draft_ks(8) == [1, 2, 4, 8] and draft_ks(2) == [1, 2] and draft_ks(1) == [1]
+    per_pass, per_round = draft_line([1, 2, 4, 8], [2.5e-3, 4.5e-3, 7.9e-3, 13.8e-3])
+    assert per_pass == pytest.approx(1.6e-3, rel=0.05) and per_round == pytest.approx(1.2e-3, rel=0.05)
+    per_pass, per_round = draft_line([1, 2, 4], [1.0, 2.2, 4.6])
+    assert per_round == 0.0 and per_pass == pytest.approx((1.0 + 4.4 + 18.4) / 21)
+    assert draft_line([4], [8.0]) == (2.0, 0.0)  # one K: all of it per pass
+
+
 def _serve_two(sim, preset="static-k2", gap=0.05):
     """r0 arrives at 0, r1 at `gap` (while r0 runs); 12 tokens each."""
     from autospec.serving.loop import serve

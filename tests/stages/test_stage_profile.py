@@ -143,8 +143,10 @@ def test_cli_trace_size_flags_reach_the_acceptance_traces(bundled_pair, tmp_path
 
 
 def test_prefill_is_timed_as_add_runs_it(tiny_pair, monkeypatch):
-    """The profile's prefill rows price `add`, which asks the LM head for each prompt's last position
-    only; timing a pass with logits at every position priced a 256-token prefill 30-50% too dear."""
+    """The profile's prefill rows price `add` as the replay pays it: whole `add` calls (after a decode
+    step of live requests), the target's row the call less the draft's forward, so the two lines add
+    up to the call; the draft's forward asks the LM head for the prompt's last position only (timing
+    logits at every position priced a 256-token prefill 30-50% too dear)."""
     target, draft = tiny_pair
     engine = TorchSDEngine(target, draft, k_max=2)
     calls: dict[str, list] = {"add": [], "profile": []}
@@ -157,10 +159,23 @@ def test_prefill_is_timed_as_add_runs_it(tiny_pair, monkeypatch):
 
         monkeypatch.setattr(model, "forward", spy)
     engine.add([GenRequest([1, 2, 3, 4, 5, 1, 2, 3], 4, ignore_eos=True)])
+    assert sorted(calls["add"]) == [("draft", [[7]]), ("target", [[7]])]
     stage[0] = "profile"
+    whole: list[float] = []
+    add = engine.add
+
+    def timed_add(requests):
+        res = add(requests)
+        if len(requests) == 1 and len(requests[0].prompt) == 8:
+            whole.append(res.time_s)
+        return res
+
+    monkeypatch.setattr(engine, "add", timed_add)
     settings = ProfileSettings(k_max=2, batches=[1], contexts=[4], prefill_tokens=[8], repeats=1, warmup=0,
                                prompts_per_domain=1, trace_tokens=4, max_prompt_tokens=8)
     rows = measure_latency(engine, settings)
-    assert sorted(calls["add"]) == [("draft", [[7]]), ("target", [[7]])]
-    assert sorted(calls["profile"]) == sorted(calls["add"])
+    # every prefill forward of the profile asks for the last position's logits only
+    assert {(m, str(at)) for m, at in calls["profile"]} == {("target", "[[7]]"), ("draft", "[[7]]")}
+    prefill = rows[rows["phase"] == "prefill"].set_index("model")["median_s"]
+    assert len(whole) == 1 and prefill["target"] + prefill["draft"] == pytest.approx(whole[0])
     assert list(rows[rows["phase"] == "prefill"]["tokens"]) == [8, 8]

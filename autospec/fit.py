@@ -278,9 +278,10 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
 
 def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
                      seed: int) -> tuple[LinearCoeffs | None, float | None, float | None]:
-    """The draft round's clock from the profile's `round` rows (a vLLM profile; its k-fold MAPE), and
-    the error of the whole-step clock — K draft passes plus the round — on the `step` rows the two
-    were split from (in-sample). (None, None, None) without round rows."""
+    """The draft round's clock from the profile's `round` rows (a vLLM profile), its k-fold error (mean
+    absolute error over the mean round time: a MAPE would be dominated by rounds near 0), and the MAPE
+    of the whole-step clock — K draft passes plus the round — on the `step` rows the two were split
+    from (in-sample). (None, None, None) without round rows."""
     rows = latency[(latency["model"] == "draft") & (phase == "round")]
     if len(rows) < 5:
         return None, None, None

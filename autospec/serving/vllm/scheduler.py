@@ -354,7 +354,7 @@ class FixedKDraftScheduler(RecordingScheduler):
         with open(self._k_path, encoding="utf-8") as fh:
             k = min(int(fh.read().strip() or 0), self.num_spec_tokens)
         lookup = self.dynamic_sd_lookup
-        lookup[:] = [k] * len(lookup)  # type: ignore[index]
+        lookup[:] = [k] * len(lookup)
         out = super().schedule(*args, **kwargs)
         out.num_spec_tokens_to_schedule = k
         return out

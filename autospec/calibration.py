@@ -149,7 +149,7 @@ class FitModels(BaseModel):
     k_max: int
     linear: dict[str, Any]
     linear_mape: dict[str, float]
-    # the simulator's clock: the linear model plus λ·log2(N_b) (latency.LinearCoeffs); absent in fits
+    # the simulator's clock: the linear model plus λ·log2(N_b) + μ·[N_b ≥ 2] (latency.LinearCoeffs); absent in fits
     # written before it existed (the simulator then clocks with `linear`)
     clock: dict[str, Any] | None = None
     clock_mape: dict[str, float] | None = None

@@ -8,7 +8,7 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
   seeded 5-fold cross-validated MAPE (each fold holds out 20% of the rows; `fit_latency`); policies
   use it;
 * the simulator's clock: the same with the context counted once per pass (N_c = batch·context) plus
-  λ·log2(N_b) (latency.LinearCoeffs says why), same MAPE; and,
+  λ·log2(N_b) + μ·[N_b ≥ 2] (latency.LinearCoeffs says why), same MAPE; and,
   when the profile has `decode_plain` rows (vLLM's plain engine, which serves no-SD), the target's
   clock in that engine;
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
@@ -154,7 +154,10 @@ class FitResult:
 
 def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeffs:
     """AdaSpec's (α, γ, δ) from rows [N_c, N_b, seconds], fitted for relative error; with `log_term`
-    also λ of the simulator's clock model (λ·log2 N_b, see latency.LinearCoeffs).
+    also λ and μ of the simulator's clock model (λ·log2 N_b + μ·[N_b ≥ 2], see latency.LinearCoeffs) —
+    μ only when the rows have passes over one token and over more (else it cannot be told from δ) —
+    and, when the rows carry a fourth column (the requests in the pass), the decode pass's α (rows
+    feeding one token each), again only when there are decode and multi-token passes both.
 
     Why not plain least squares (latency.fit_linear): it weighs the slowest shapes most and, on a
     shared machine, lets one multi-second outlier drag δ negative, which wrecks the fast shapes. Here
@@ -166,19 +169,34 @@ def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeff
     from scipy.optimize import least_squares, nnls
 
     data = np.asarray(rows, float)
-    columns = [data[:, 0], data[:, 1], np.ones(len(data))]
+    n_c, n_b, seconds = data[:, 0], data[:, 1], data[:, 2]
+
+    def both(mask: np.ndarray) -> bool:
+        return bool(np.any(mask)) and bool(not np.all(mask))
+
+    multi_term = log_term and both(n_b >= 2)
+    decode = n_b <= data[:, 3] if data.shape[1] > 3 else np.zeros(len(data), bool)
+    decode_term = log_term and both(decode)
+    names = ["alpha", "gamma", "delta"]
+    columns = [np.where(decode, 0.0, n_c) if decode_term else n_c, n_b, np.ones(len(data))]
     if log_term:
-        columns.append(np.log2(np.maximum(data[:, 1], 1.0)))
-    design = np.column_stack(columns) / data[:, 2:3]
+        names.append("lam")
+        columns.append(np.log2(np.maximum(n_b, 1.0)))
+    if multi_term:
+        names.append("multi")
+        columns.append((n_b >= 2).astype(float))
+    if decode_term:
+        names.append("alpha_decode")
+        columns.append(np.where(decode, n_c, 0.0))
+    design = np.column_stack(columns) / seconds[:, None]
     start, _ = nnls(design, np.ones(len(data)))
     # optimise in units of the start so all are O(1); a coefficient nnls put at 0 starts at a small
     # share of the mean time instead (1e-12 s would leave it stuck there)
-    scale = np.where(start > 0, start, 0.01 * float(np.mean(data[:, 2])))
+    scale = np.where(start > 0, start, 0.01 * float(np.mean(seconds)))
     x0 = np.where(start > 0, 1.0, 0.0)
     sol = least_squares(lambda th: design @ (th * scale) - 1.0, x0, bounds=(0.0, np.inf),
                         loss="soft_l1", f_scale=0.1)
-    coef = [float(v) for v in sol.x * scale]
-    return LinearCoeffs(*coef)
+    return LinearCoeffs(**{name: float(v) for name, v in zip(names, sol.x * scale)})
 
 
 def fit_line_relative(x: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
@@ -236,15 +254,16 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         # AdaSpec's model (policies) is fitted on the context summed over the pass's positions, as Eq.
         # 3–4 use it (latency.linear_features); the simulator's clock keeps the context counted once
         # per pass (the form it has always timed passes with).
+        # (the clock's fourth column: the requests in the pass, which tells decode passes apart)
         designs = {"linear": np.column_stack([*linear_features(b, s, c), t]),
-                   "clock": np.column_stack([b * c, b * s, t])}
+                   "clock": np.column_stack([b * c, b * s, t, b])}
         n = len(rows)
         for name, log_term in (("linear", False), ("clock", True)):
             design = designs[name]
 
             def linear_cv(train, test, log_term=log_term, design=design):
                 co = fit_linear_relative(design[train], log_term=log_term)
-                return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test][:, 2]
+                return [co.forward(*row[:2], *row[3:]) for row in design[test]], design[test][:, 2]
 
             out[name][model] = fit_linear_relative(design, log_term=log_term)
             out[f"{name}_mape"][model] = _held_out_mape(n, seed, linear_cv)
@@ -269,7 +288,7 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
     if len(plain) >= 5:
         design = np.column_stack([(plain["batch"] * plain["context"]).to_numpy(float),
                                   (plain["batch"] * plain["tokens"]).to_numpy(float),
-                                  plain["median_s"].to_numpy(float)])
+                                  plain["median_s"].to_numpy(float), plain["batch"].to_numpy(float)])
         out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
     out["clock_draft_round"], out["clock_draft_round_error"], out["draft_step_mape"] = _draft_round_fit(
         latency, phase, out["clock"]["draft"], seed)
@@ -300,7 +319,7 @@ def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: Linea
     step_mape = None
     if len(steps):
         sb, sk, sc, st = (steps[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
-        predicted = [k * draft_clock.forward(bb * cc, bb) + coeffs.forward(bb * cc, bb)
+        predicted = [k * draft_clock.forward(bb * cc, bb, bb) + coeffs.forward(bb * cc, bb)
                      for bb, k, cc in zip(sb, sk, sc)]
         step_mape = mape(predicted, st)
     return coeffs, float(np.mean(errors)) / scale, step_mape
@@ -315,11 +334,12 @@ def _nonnegative_linear(design: np.ndarray) -> LinearCoeffs:
 
 
 def _linear_with_cv(design: np.ndarray, log_term: bool, seed: int) -> tuple[LinearCoeffs, float]:
-    """`fit_linear_relative` on every row of `design` (columns N_c, N_b, seconds), and its k-fold MAPE."""
+    """`fit_linear_relative` on every row of `design` (columns N_c, N_b, seconds[, requests]), and its k-fold
+    MAPE."""
 
     def fold(train, test):
         co = fit_linear_relative(design[train], log_term=log_term)
-        return [co.forward(nc, nb) for nc, nb, _ in design[test]], design[test, 2]
+        return [co.forward(*row[:2], *row[3:]) for row in design[test]], design[test, 2]
 
     return fit_linear_relative(design, log_term=log_term), _held_out_mape(len(design), seed, fold)
 

@@ -39,20 +39,38 @@ __all__ = ["FaserKind", "FaserModels", "LinearCoeffs", "LinearLatencyModel", "Pi
 @dataclass(frozen=True)
 class LinearCoeffs:
     """T_fwd(N_c, N_b) = alpha·N_c + gamma·N_b + delta, seconds (AdaSpec §4, time model), plus
-    lam·log2(N_b) in the simulator's clock model only (`lam` = 0 is AdaSpec's model exactly).
+    lam·log2(N_b) + multi·[N_b ≥ 2] in the simulator's clock model only, where also a pass whose rows
+    each feed one token (a decode pass) attends at `alpha_decode` per context token (`lam` = `multi` = 0,
+    `alpha_decode` None is AdaSpec's model exactly).
 
     Why the log term: on a CPU (and on a GPU below saturation) a pass over few tokens leaves cores idle,
     so its cost grows sublinearly in N_b at small batches — the bundled pair's draft pass costs 2.1 ms
     at batch 1, 3.6 ms at 2 and 4.2 ms at 8. AdaSpec's line misses that by 16% held-out on our CPU
-    profile; the clock adds one bounded (>= 0) term for it. Policies keep the paper's model."""
+    profile; the clock adds one bounded (>= 0) term for it. Policies keep the paper's model.
+
+    Why the step at N_b = 2 and the decode pass's own α: no-SD runs decode passes, SD verifies two or
+    more tokens per row, and the two are different kernels. A pass over one token is a matrix-vector
+    product, over two or more a matrix-matrix product, and on a CPU the first is much cheaper — the
+    bundled target's pass costs 3.6 ms over one token and 5.8–6.0 ms over two (batch 2 × 1 token or
+    batch 1 × 2 tokens alike); and a row feeding one token attends without a causal mask (0.9 µs per
+    context token in the CI profile's fit, against 1.4 µs for rows feeding several). Without them the
+    clock priced a no-SD step 23–28% too high at batch 1 and 7% at batch 4–8, and a two-token pass
+    10–14% too low (two CPU profiles): the simulator favoured SD exactly where SD is decided."""
 
     alpha: float  # seconds per context token attended
     gamma: float  # seconds per token processed in the pass
     delta: float  # fixed cost of one forward pass
     lam: float = 0.0  # seconds per doubling of the tokens in the pass (clock model only)
+    multi: float = 0.0  # seconds a pass over two or more tokens costs on top (clock model only)
+    alpha_decode: float | None = None  # alpha of a pass whose rows feed one token each (clock only; None: alpha)
 
-    def forward(self, n_context: float, n_batch: float) -> float:
-        t = self.alpha * n_context + self.gamma * n_batch + self.delta
+    def forward(self, n_context: float, n_batch: float, rows: float | None = None) -> float:
+        """One pass over `n_batch` tokens attending to `n_context`; `rows` (the requests in the pass)
+        tells a decode pass (n_batch == rows) from one whose rows feed several tokens."""
+        decode = rows is not None and self.alpha_decode is not None and n_batch <= rows
+        t = (self.alpha_decode if decode else self.alpha) * n_context + self.gamma * n_batch + self.delta
+        if self.multi and n_batch >= 2:
+            t += self.multi
         return t + self.lam * math.log2(n_batch) if self.lam and n_batch >= 1 else t
 
 
@@ -69,7 +87,10 @@ class LinearLatencyModel:
         if steps <= 0 or batch <= 0:
             return 0.0
         d = self.draft
-        t = d.alpha * positions_context(batch, context_tokens, steps) + d.gamma * batch * steps + steps * d.delta
+        alpha = d.alpha if d.alpha_decode is None else d.alpha_decode  # draft passes feed one token a row
+        t = alpha * positions_context(batch, context_tokens, steps) + d.gamma * batch * steps + steps * d.delta
+        if d.multi and batch >= 2:
+            t += steps * d.multi
         return t + steps * d.lam * math.log2(batch) if d.lam and batch >= 1 else t
 
     def verify_time(self, batch: int, context_tokens: float, tokens_per_request: float) -> float:
@@ -80,7 +101,10 @@ class LinearLatencyModel:
         if batch <= 0:
             return 0.0
         c, n_b = self.target, batch * tokens_per_request
-        t = c.alpha * positions_context(batch, context_tokens, tokens_per_request) + c.gamma * n_b + c.delta
+        alpha = c.alpha_decode if c.alpha_decode is not None and tokens_per_request <= 1 else c.alpha
+        t = alpha * positions_context(batch, context_tokens, tokens_per_request) + c.gamma * n_b + c.delta
+        if c.multi and n_b >= 2:
+            t += c.multi
         return t + c.lam * math.log2(n_b) if c.lam and n_b >= 1 else t
 
     def sd_time(self, ks: Sequence[int], context_tokens: float, draft_steps: int | None = None) -> float:

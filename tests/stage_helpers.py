@@ -20,9 +20,12 @@ K_MAX = 4
 
 def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] | None = None,
                       plain: tuple[float, float, float] | None = None,
-                      draft_round: tuple[float, float, float] | None = None) -> pd.DataFrame:
-    """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model (the
-    simulator's clock term); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`);
+                      draft_round: tuple[float, float, float] | None = None,
+                      multi: dict[str, float] | None = None,
+                      alpha_decode: dict[str, float] | None = None) -> pd.DataFrame:
+    """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model, `multi` μ
+    to every pass over two or more tokens, and `alpha_decode` replaces α in passes of one token per
+    row (the simulator's clock terms); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`);
     `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows and the `step` rows (K passes +
     the round, K = 1, 2, 4) they are split from."""
     rng = np.random.default_rng(seed)
@@ -31,8 +34,10 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
         for batch in (1, 2, 4, 8):
             for context in (32, 128, 512):
                 for tokens in (range(1, K_MAX + 2) if model == "target" else (1,)):
-                    t = (a * batch * context + g * batch * tokens + d
-                         + (lam or {}).get(model, 0.0) * np.log2(batch * tokens))
+                    alpha = (alpha_decode or {}).get(model, a) if tokens == 1 else a
+                    t = (alpha * batch * context + g * batch * tokens + d
+                         + (lam or {}).get(model, 0.0) * np.log2(batch * tokens)
+                         + (multi or {}).get(model, 0.0) * (batch * tokens >= 2))
                     t *= 1 + noise * rng.standard_normal()
                     rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
                                  "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
@@ -85,10 +90,12 @@ def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: f
 
 def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0,
                         lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None,
-                        engine: str = "torch", draft_round: tuple[float, float, float] | None = None) -> Path:
+                        engine: str = "torch", draft_round: tuple[float, float, float] | None = None,
+                        multi: dict[str, float] | None = None, alpha_decode: dict[str, float] | None = None) -> Path:
     """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
-    write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round))
+    write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round,
+                                                              multi=multi, alpha_decode=alpha_decode))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root

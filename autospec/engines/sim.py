@@ -40,8 +40,8 @@ with `fused_prefill` (a simulator calibrated from a vLLM profile) only their per
 requests are running — vLLM runs a step's prefills inside that step's target and draft passes, whose
 fixed costs the step already pays (docs/architecture.md, "sim"; the serving loop then starts the new requests'
 decoding in the next step, as vLLM does) — and no draft prefill for an engine serving without SD;
-each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) (the fit's clock model; N_c =
-the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
+each `draft` call one draft pass T = α·N_c + γ·N_b + δ + λ·log2(N_b) + μ·[N_b ≥ 2] (the fit's clock
+model; N_c = the batch's context incl. drafts so far, N_b = its size); each `verify` one target pass (N_c =
 context, N_b = Σ verified + 1). With `padded_batches` (a simulator calibrated from a torch profile)
 passes are priced as the torch engine runs them: every row of a pass attends to a block padded to the
 batch's longest context and feeds as many tokens as the widest row, so N_c = b·max context and N_b =
@@ -151,7 +151,7 @@ class AcceptanceTraces:
 class SimCosts:
     """The clock's inputs: per-pass models and prefill lines per model. `latency` is AdaSpec's linear
     model, the one policies consult; `clock` (default: `latency`) times the passes — the fit's clock
-    model adds λ·log2(N_b) to it (latency.LinearCoeffs)."""
+    model adds λ·log2(N_b) + μ·[N_b ≥ 2] to it (latency.LinearCoeffs)."""
 
     latency: LinearLatencyModel
     prefill_target: tuple[float, float]  # (per_token_s, fixed_s)
@@ -269,7 +269,11 @@ class SimEngine:
         self._draft_coef = (d.alpha, d.gamma, d.delta)
         self._target_coef = (t.alpha, t.gamma, t.delta)
         self._draft_lam, self._target_lam = d.lam, t.lam  # λ·log2(tokens in the pass), 0 = AdaSpec's line
-        self._sd_target = (self._target_coef, self._target_lam)
+        self._draft_multi, self._target_multi = d.multi, t.multi  # μ: a pass over >= 2 tokens (LinearCoeffs)
+        # α of a decode pass (every row feeds one token; LinearCoeffs.alpha_decode, else α)
+        self._draft_alpha_decode = d.alpha if d.alpha_decode is None else d.alpha_decode
+        self._target_alpha_decode = t.alpha if t.alpha_decode is None else t.alpha_decode
+        self._sd_target = (self._target_coef, self._target_lam, self._target_multi, self._target_alpha_decode)
         self._round = costs.draft_round
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
@@ -297,9 +301,10 @@ class SimEngine:
         self._speculative = bool(enabled)
         p = self.costs.plain_target
         if enabled or p is None:
-            self._target_coef, self._target_lam = self._sd_target
+            self._target_coef, self._target_lam, self._target_multi, self._target_alpha_decode = self._sd_target
         else:
-            self._target_coef, self._target_lam = (p.alpha, p.gamma, p.delta), p.lam
+            self._target_coef, self._target_lam, self._target_multi = (p.alpha, p.gamma, p.delta), p.lam, p.multi
+            self._target_alpha_decode = p.alpha if p.alpha_decode is None else p.alpha_decode
 
     def set_draft_sampling(self, mode: str) -> None:
         """The strategy's proposal rule at T>0 (module docstring, "Acceptance"): "sample" accepts chain
@@ -447,12 +452,15 @@ class SimEngine:
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
             dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
         else:
+            rows = b
             if self.padded_batches:
                 context, b = b * longest, b * width
             a, g, d = self._draft_coef
-            dt = a * context + g * b + d
+            dt = (self._draft_alpha_decode if b == rows else a) * context + g * b + d
             if self._draft_lam:
                 dt += self._draft_lam * math.log2(b)
+            if b >= 2:
+                dt += self._draft_multi
             if self._round is not None and starting:
                 dt += self._round.forward(starting_context, starting)
         self._clock += dt
@@ -571,9 +579,9 @@ class SimEngine:
         elif self._split_r:  # under an SM split: FASER's target model (module docstring, "Clock")
             dt = self.faser.verify_time(len(req_ids), tokens / len(req_ids) - 1, self._split_r)  # type: ignore[union-attr]
         elif self.padded_batches:  # every row padded to the longest context and the widest feed
-            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest)
+            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest, len(req_ids))
         else:
-            dt = self._target_pass_s(context, tokens)
+            dt = self._target_pass_s(context, tokens, len(req_ids))
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
@@ -603,19 +611,22 @@ class SimEngine:
         return a, new
 
     def _rounds_s(self, weighted: float, drafted: int, rounds: int, ending: list[int]) -> float:
-        """Draft passes of `rounds` rounds (`draft_rounds`): α·weighted + γ·drafted + δ·rounds (+ λ·Σ_j
-        log2 n_j), or FASER's T_q(n_j, 1, r) per round under an SM split; `ending[k]` requests draft k."""
-        a, g, d = self._draft_coef
-        dt = a * weighted + g * drafted + d * rounds
-        if (self._draft_lam or self._split_r) and rounds:  # round j drafts n_j = the requests with more than j drafts
-            n_j, log_sum, split_s = 0, 0.0, 0.0
+        """Draft passes of `rounds` rounds (`draft_rounds`): α·weighted + γ·drafted + δ·rounds (+ Σ_j
+        λ·log2 n_j + μ·[n_j ≥ 2]), or FASER's T_q(n_j, 1, r) per round under an SM split; `ending[k]`
+        requests draft k."""
+        # packed rows: every round feeds one token per request, a decode pass
+        _, g, d = self._draft_coef
+        dt = self._draft_alpha_decode * weighted + g * drafted + d * rounds
+        if (self._draft_lam or self._draft_multi or self._split_r) and rounds:
+            n_j, log_sum, split_s, multi_rounds = 0, 0.0, 0.0, 0  # round j drafts n_j: requests with > j drafts
             for j in range(rounds, 0, -1):
                 n_j += ending[j]
                 if self._split_r:
                     split_s += self.faser.draft_time(n_j, 1, self._split_r)  # type: ignore[union-attr]
                 else:
                     log_sum += math.log2(n_j)
-            dt = split_s if self._split_r else dt + self._draft_lam * log_sum
+                    multi_rounds += n_j >= 2
+            dt = split_s if self._split_r else dt + self._draft_lam * log_sum + self._draft_multi * multi_rounds
         return dt
 
     def _padded_rounds_s(self, ending: list[int], longest: list[int], rounds: int, width: int) -> float:
@@ -630,9 +641,11 @@ class SimEngine:
             n_j += ending[j + 1]
             top = max(top, longest[j + 1])
             tokens = n_j * (width if j == 0 else 1)
-            dt += a * n_j * (top + j) + g * tokens + d
+            dt += (self._draft_alpha_decode if tokens == n_j else a) * n_j * (top + j) + g * tokens + d
             if lam:
                 dt += lam * math.log2(tokens)
+            if tokens >= 2:
+                dt += self._draft_multi
         return dt
 
     def step_time_s(self, contexts: Sequence[int], lengths: Sequence[int]) -> float:
@@ -661,18 +674,21 @@ class SimEngine:
             verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
             return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
         if self.padded_batches:
-            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1))
+            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1), n)
             return self._padded_rounds_s(ending, longest, rounds, 1) + verify_s
-        verify_s = self._target_pass_s(sum(contexts), drafted + n)
+        verify_s = self._target_pass_s(sum(contexts), drafted + n, n)
         round_s = self._round.forward(starting_context, starting) if self._round is not None and starting else 0.0
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
-    def _target_pass_s(self, context: int, tokens: int) -> float:
-        """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b), N_b = tokens fed."""
+    def _target_pass_s(self, context: int, tokens: int, rows: int) -> float:
+        """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b + μ·[N_b ≥ 2]), N_b = tokens
+        fed by `rows` requests (α of a decode pass when each feeds one)."""
         a, g, d = self._target_coef
-        dt = a * context + g * tokens + d
+        dt = (self._target_alpha_decode if tokens <= rows else a) * context + g * tokens + d
         if self._target_lam:
             dt += self._target_lam * math.log2(tokens)
+        if tokens >= 2:
+            dt += self._target_multi
         return dt
 
     # ------------------------------------------------------------------ FASER frontier overlap
@@ -800,7 +816,7 @@ class SimEngine:
             else:
                 if drafting:  # the next chunk, drafted while this one is verified (serially here)
                     self.draft_rounds([rid for rid, _ in drafting], [m for _, m in drafting])
-                dt = self._target_pass_s(context, tokens)
+                dt = self._target_pass_s(context, tokens, len(active))
                 self._clock += dt
                 self.totals["verify_s"] += dt
                 verify_s += dt

@@ -80,6 +80,9 @@ class AdaSpecDrafter(LengthPolicyBase):
         # steps where it drafted nothing because any drafted step was predicted to exceed the TPOT SLO
         # (Alg. 3 returns −1): the paper's rule, reported as a finding (`findings`)
         self.slo_refusals = 0
+        # steps where even a step without drafts was predicted to exceed the TPOT SLO: G = −1 for every
+        # k, so the rule cannot choose; ties keep drafting (Alg. 1 stops only when G falls), to K_max
+        self.slo_unmeetable = 0
         self._slo_tpot_s: float | None = None
 
     @property
@@ -97,6 +100,7 @@ class AdaSpecDrafter(LengthPolicyBase):
         self._stopped = ctx.batch_size == 0
         self._g = self._goodput(ctx, model, [[] for _ in ctx.requests])
         self.steps += ctx.batch_size > 0
+        self.slo_unmeetable += ctx.batch_size > 0 and self._g == -1.0
         self._slo_tpot_s = ctx.slo_tpot_s
 
     def keep_drafting(self, ctx: StepContext, drafts: DraftState) -> list[bool]:
@@ -128,12 +132,24 @@ class AdaSpecDrafter(LengthPolicyBase):
         return [True] * n
 
     def findings(self) -> list[str]:
-        """What this run showed about the paper's rule: how often the SLO rule alone kept it from drafting."""
-        if not self.slo_refusals or self._slo_tpot_s is None:  # refusals need an SLO
+        """What this run showed about the paper's rule: how often the SLO rule alone kept it from drafting,
+        and how often the SLO was out of reach even without drafts (the rule then cannot choose)."""
+        if self._slo_tpot_s is None:  # both need an SLO
             return []
-        return [f"AdaSpec drafted nothing in {self.slo_refusals / self.steps:.0%} of its steps ({self.slo_refusals} "
+        slo_ms = f"{self._slo_tpot_s * 1000:.0f} ms"
+        out = []
+        if self.slo_unmeetable:
+            out.append(f"AdaSpec's SLO rule could not choose in {self.slo_unmeetable / self.steps:.0%} of its steps "
+                       f"({self.slo_unmeetable} of {self.steps}): even a step without drafts was predicted to exceed "
+                       f"the TPOT SLO ({slo_ms}), so its goodput estimator is −1 for every draft length, and on a tie "
+                       "Alg. 1 keeps drafting (to K_max). The SLO is below what this engine serves at those batch "
+                       "sizes; a finding, not a bug.")
+        if not self.slo_refusals:
+            return out
+        share = self.slo_refusals / self.steps
+        return out + [f"AdaSpec drafted nothing in {share:.0%} of its steps ({self.slo_refusals} "
                 f"of {self.steps}): its goodput estimator returns −1 whenever a drafted step is predicted to "
-                f"exceed the TPOT SLO ({self._slo_tpot_s * 1000:.0f} ms) — the paper's rule (Alg. 3), so on those "
+                f"exceed the TPOT SLO ({slo_ms}) — the paper's rule (Alg. 3), so on those "
                 "steps it serves as no-SD. A finding, not a bug."]
 
     def _stop(self, n: int) -> list[bool]:

@@ -76,6 +76,20 @@ def test_drafter_respects_k_max_and_slo(simple_model):
     assert drafts.lengths() == [0, 0]
 
 
+def test_an_slo_even_no_sd_misses_is_a_finding_and_ties_keep_drafting(simple_model):
+    # b = 2: T_sd(0) = 0.07 s > the 0.05 s SLO, so G = −1 at every k: Alg. 1 never sees G fall and drafts
+    # to K_max; the run reports that the rule could not choose (and no refusal: it did draft)
+    policy = AdaSpecDrafter()
+    _, drafts = _run_drafter(policy, make_ctx(2, k_max=3, model=simple_model, slo=0.05), [[0.99, 0.99]] * 4)
+    assert drafts.lengths() == [3, 3]
+    (line,) = policy.findings()
+    assert "could not choose in 100% of its steps (1 of 1)" in line and "TPOT SLO (50 ms)" in line
+    # under an SLO a no-SD step meets, nothing of the kind
+    policy = AdaSpecDrafter()
+    _run_drafter(policy, make_ctx(2, model=simple_model, slo=0.09), [[0.99, 0.99]])
+    assert policy.slo_unmeetable == 0 and all("could not choose" not in f for f in policy.findings())
+
+
 def test_drafter_needs_latency_model():
     with pytest.raises(InputError, match="latency model"):
         AdaSpecDrafter().begin_step(make_ctx(2))

@@ -54,6 +54,23 @@ def test_the_clock_model_recovers_a_sublinear_batch_term_the_linear_model_cannot
     assert all(plain.clock[m]["lam"] < 1e-9 for m in TRUE)
 
 
+def test_the_clock_model_prices_decode_passes_and_multi_token_passes_apart(tmp_path):
+    """No-SD runs decode passes (one token per row), SD verifies several per row: the clock recovers a
+    step μ at two tokens and the decode pass's own α, and leaves both out where the rows cannot tell
+    them (the synthetic draft rows all feed one token)."""
+    lam, multi, alpha_decode = {"target": 1e-3}, {"target": 2e-3}, {"target": 0.4 * TRUE["target"][0]}
+    models = fit_profile(write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode))
+    c = models.clock["target"]
+    assert (c["alpha"], c["gamma"], c["delta"]) == pytest.approx(TRUE["target"], rel=1e-3)
+    assert (c["lam"], c["multi"], c["alpha_decode"]) == pytest.approx((1e-3, 2e-3, alpha_decode["target"]), rel=1e-3)
+    assert models.clock_mape["target"] < 1e-6
+    assert models.clock["draft"].get("alpha_decode") is None  # draft rows: one token per row only
+    assert models.linear["target"].get("multi", 0.0) == 0.0  # policies keep AdaSpec's line
+    # a plain profile (no step, one α) fits μ ≈ 0 and α_decode ≈ α
+    plain = fit_profile(write_synthetic_run(tmp_path / "plain")).clock["target"]
+    assert plain["multi"] < 1e-9 and plain["alpha_decode"] == pytest.approx(plain["alpha"], rel=1e-3)
+
+
 def test_fit_is_robust_to_measurement_noise(tmp_path):
     models = fit_profile(write_synthetic_run(tmp_path, noise=0.03))
     assert models.linear_mape["target"] < 0.08 and models.linear_mape["draft"] < 0.08

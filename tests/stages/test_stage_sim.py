@@ -47,6 +47,27 @@ def test_clock_model_times_passes_with_its_log_term(clock_run_dir):
     assert sim.latency_model.draft.lam == 0.0
 
 
+def test_the_clock_prices_a_decode_pass_and_a_multi_token_pass_as_the_fit_says(tmp_path):
+    """A one-token pass pays no μ; a pass of one token per row (no-SD) attends at the decode α; a pass
+    whose rows verify drafts pays μ and the multi-token α — in verify and step_time_s alike."""
+    lam, multi, alpha_decode = {"target": 1e-3}, {"target": 2e-3}, {"target": 0.4 * TRUE["target"][0]}
+    run = write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode, engine="vllm")
+    sim = SimEngine.from_dirs(run)
+    a, g, d = TRUE["target"]
+    ad = alpha_decode["target"]
+    one = sim.add([GenRequest(range(100), 50)]).req_ids
+    assert sim.verify({one[0]: 0}).verify_time_s == pytest.approx(ad * 101 + g + d, rel=1e-3)
+    assert sim.step_time_s([101], [0]) == pytest.approx(ad * 101 + g + d, rel=1e-3)
+    two = sim.add([GenRequest(range(60), 50)]).req_ids
+    assert sim.verify({one[0]: 0, two[0]: 0}).verify_time_s == pytest.approx(
+        ad * (102 + 61) + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    sim.draft([one[0]])
+    t0 = sim.now()
+    out = sim.verify({one[0]: 1, two[0]: 0})
+    assert out.verify_time_s == pytest.approx(a * (103 + 62) + 3 * g + d + 1e-3 * np.log2(3) + 2e-3, rel=1e-3)
+    assert sim.now() - t0 == pytest.approx(out.verify_time_s)
+
+
 def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(tmp_path):
     """A profile with plain-engine rows (vLLM's no-SD engine) gives the fit a clock_plain; the sim
     prices a no-SD strategy's passes by it and every drafting strategy's by the speculative clock."""

@@ -52,10 +52,13 @@ class LinearCoeffs:
     more tokens per row, and the two are different kernels. A pass over one token is a matrix-vector
     product, over two or more a matrix-matrix product, and on a CPU the first is much cheaper — the
     bundled target's pass costs 3.6 ms over one token and 5.8–6.0 ms over two (batch 2 × 1 token or
-    batch 1 × 2 tokens alike); and a row feeding one token attends without a causal mask (0.9 µs per
-    context token in the CI profile's fit, against 1.4 µs for rows feeding several). Without them the
-    clock priced a no-SD step 23–28% too high at batch 1 and 7% at batch 4–8, and a two-token pass
-    10–14% too low (two CPU profiles): the simulator favoured SD exactly where SD is decided."""
+    batch 1 × 2 tokens alike); and a pass needs no attention mask when every row feeds one token and
+    the rows have one length (the torch engine, engines/llama.py; vLLM's decode kernel needs only the
+    first) — 0.9 µs per context token in the CI profile's fit against 1.4 µs with the mask. The profile
+    times rows of one length, so its one-token rows are maskless; in a torch replay rows differ in
+    length, and only a pass at batch 1 is (the simulator decides per pass). Without them the clock
+    priced a no-SD step 23–28% too high at batch 1 and a two-token pass 10–14% too low (two CPU
+    profiles): the simulator favoured SD exactly where SD is decided."""
 
     alpha: float  # seconds per context token attended
     gamma: float  # seconds per token processed in the pass

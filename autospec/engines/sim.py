@@ -427,6 +427,7 @@ class SimEngine:
         reqs, chain, k_max = self._reqs, self.traces.chain, self.k_max
         out = []
         context = longest = 0
+        shortest = 1 << 62
         starting = starting_context = 0  # requests whose round this pass starts (the round's cost)
         width = 1  # tokens fed per request, padded: a round's first pass feeds the draft's lag
         for rid in req_ids:
@@ -441,6 +442,8 @@ class SimEngine:
             context += c
             if c > longest:
                 longest = c
+            if c < shortest:
+                shortest = c
             if j == 0:
                 starting += 1
                 starting_context += c
@@ -452,11 +455,12 @@ class SimEngine:
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
             dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
         else:
-            rows = b
+            decode = True  # packed rows feed one token each
             if self.padded_batches:
                 context, b = b * longest, b * width
+                decode = width == 1 and shortest == longest  # the torch engine: no mask (LinearCoeffs)
             a, g, d = self._draft_coef
-            dt = (self._draft_alpha_decode if b == rows else a) * context + g * b + d
+            dt = (self._draft_alpha_decode if decode else a) * context + g * b + d
             if self._draft_lam:
                 dt += self._draft_lam * math.log2(b)
             if b >= 2:
@@ -480,6 +484,7 @@ class SimEngine:
         ending = [0] * (k_max + 1)  # requests whose last draft is in round k − 1 (for λ·log2 n_j)
         padded = self.padded_batches
         longest = [0] * (k_max + 1)  # padded: the longest context among requests drafting k tokens
+        shortest = [1 << 62] * (k_max + 1)  # padded: and the shortest (equal rows need no mask)
         width = 1  # padded: tokens fed per request in round 0 (the draft's lag, `draft`)
         starting = starting_context = 0  # requests whose round this call starts (the round's cost)
         for rid, k in zip(req_ids, lengths):
@@ -504,11 +509,12 @@ class SimEngine:
                 starting_context += r.context
             if padded:
                 longest[k] = max(longest[k], r.context + j0)
+                shortest[k] = min(shortest[k], r.context + j0)
                 if j0 == 0 and r.lag > width:
                     width = r.lag
             r.lag = 1
         if padded and not self._split_r:
-            dt = self._padded_rounds_s(ending, longest, rounds, width)
+            dt = self._padded_rounds_s(ending, longest, shortest, rounds, width)
         else:
             dt = self._rounds_s(weighted, drafted, rounds, ending)
         if self._round is not None and starting and not self._split_r:
@@ -526,6 +532,7 @@ class SimEngine:
         req_ids = list(plan)
         drafted_l, verified_l, accepted_l, committed_l, finished_l, pos_l = [], [], [], [], [], []
         context = tokens = longest = widest = 0
+        shortest = 1 << 62
         reqs = self._reqs
         for rid, n in plan.items():
             r = reqs[rid]
@@ -555,6 +562,8 @@ class SimEngine:
             tokens += n + 1
             if ctx > longest:
                 longest = ctx
+            if ctx < shortest:
+                shortest = ctx
             if n + 1 > widest:
                 widest = n + 1
             r.lag = draft_lag(r.lag, k, a)
@@ -579,9 +588,10 @@ class SimEngine:
         elif self._split_r:  # under an SM split: FASER's target model (module docstring, "Clock")
             dt = self.faser.verify_time(len(req_ids), tokens / len(req_ids) - 1, self._split_r)  # type: ignore[union-attr]
         elif self.padded_batches:  # every row padded to the longest context and the widest feed
-            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest, len(req_ids))
+            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest,
+                                     widest == 1 and shortest == longest)
         else:
-            dt = self._target_pass_s(context, tokens, len(req_ids))
+            dt = self._target_pass_s(context, tokens, tokens <= len(req_ids))
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
@@ -629,19 +639,23 @@ class SimEngine:
             dt = split_s if self._split_r else dt + self._draft_lam * log_sum + self._draft_multi * multi_rounds
         return dt
 
-    def _padded_rounds_s(self, ending: list[int], longest: list[int], rounds: int, width: int) -> float:
+    def _padded_rounds_s(self, ending: list[int], longest: list[int], shortest: list[int], rounds: int,
+                         width: int) -> float:
         """Draft passes of `rounds` rounds on a padded engine: round j feeds its n_j requests (those
         drafting more than j) `width` tokens each in round 0, 1 after, attending to the longest context
-        among them (+ j drafts); `ending[k]` / `longest[k]`: how many requests draft k tokens, and the
-        longest context of those."""
+        among them (+ j drafts); `ending[k]` / `longest[k]` / `shortest[k]`: how many requests draft k
+        tokens, and the longest and shortest context of those (rows of one length, one token each, are
+        a decode pass)."""
         a, g, d = self._draft_coef
         lam = self._draft_lam
-        dt, n_j, top = 0.0, 0, 0
+        dt, n_j, top, bottom = 0.0, 0, 0, 1 << 62
         for j in range(rounds - 1, -1, -1):
             n_j += ending[j + 1]
             top = max(top, longest[j + 1])
+            bottom = min(bottom, shortest[j + 1])
             tokens = n_j * (width if j == 0 else 1)
-            dt += (self._draft_alpha_decode if tokens == n_j else a) * n_j * (top + j) + g * tokens + d
+            decode = tokens == n_j and bottom == top
+            dt += (self._draft_alpha_decode if decode else a) * n_j * (top + j) + g * tokens + d
             if lam:
                 dt += lam * math.log2(tokens)
             if tokens >= 2:
@@ -656,6 +670,7 @@ class SimEngine:
         """
         ending = [0] * (self.k_max + 1)
         longest = [0] * (self.k_max + 1)
+        shortest = [1 << 62] * (self.k_max + 1)
         weighted, drafted, rounds = 0.0, 0, 0
         starting = starting_context = 0
         for c, k in zip(contexts, lengths):
@@ -666,6 +681,7 @@ class SimEngine:
                 drafted += k
                 ending[k] += 1
                 longest[k] = max(longest[k], c)
+                shortest[k] = min(shortest[k], c)
                 rounds = max(rounds, k)
         n = len(contexts)
         if not n:
@@ -674,17 +690,19 @@ class SimEngine:
             verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
             return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
         if self.padded_batches:
-            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1), n)
-            return self._padded_rounds_s(ending, longest, rounds, 1) + verify_s
-        verify_s = self._target_pass_s(sum(contexts), drafted + n, n)
+            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1),
+                                           rounds == 0 and max(contexts) == min(contexts))
+            return self._padded_rounds_s(ending, longest, shortest, rounds, 1) + verify_s
+        verify_s = self._target_pass_s(sum(contexts), drafted + n, drafted == 0)
         round_s = self._round.forward(starting_context, starting) if self._round is not None and starting else 0.0
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
-    def _target_pass_s(self, context: int, tokens: int, rows: int) -> float:
+    def _target_pass_s(self, context: int, tokens: int, decode: bool) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b + μ·[N_b ≥ 2]), N_b = tokens
-        fed by `rows` requests (α of a decode pass when each feeds one)."""
+        fed; α of a decode pass when `decode` (one token per row and, on the padded torch engine, rows
+        of one length: anything else needs an attention mask, LinearCoeffs)."""
         a, g, d = self._target_coef
-        dt = (self._target_alpha_decode if tokens <= rows else a) * context + g * tokens + d
+        dt = (self._target_alpha_decode if decode else a) * context + g * tokens + d
         if self._target_lam:
             dt += self._target_lam * math.log2(tokens)
         if tokens >= 2:
@@ -803,12 +821,15 @@ class SimEngine:
         for k in range(n_rounds):
             active = [(rid, sch[k]) for rid, sch in zip(ids, schedules) if len(sch) > k]
             drafting = [(rid, more) for rid, (_, more, _) in active if more > 0]
+            lens = [reqs[rid].context + before for rid, (_, _, before) in active]
             if self.padded_batches:
-                context = len(active) * max(reqs[rid].context + before for rid, (_, _, before) in active)
+                context = len(active) * max(lens)
                 tokens = len(active) * max(n + 1 for _, (n, _, _) in active)
+                decode = tokens == len(active) and min(lens) == max(lens)
             else:
-                context = sum(reqs[rid].context + before for rid, (_, _, before) in active)
+                context = sum(lens)
                 tokens = sum(n + 1 for _, (n, _, _) in active)
+                decode = tokens == len(active)
             if overlapped:
                 b = len(active)
                 target_s = faser.verify_time(b, tokens / b - 1, r_split)
@@ -816,7 +837,7 @@ class SimEngine:
             else:
                 if drafting:  # the next chunk, drafted while this one is verified (serially here)
                     self.draft_rounds([rid for rid, _ in drafting], [m for _, m in drafting])
-                dt = self._target_pass_s(context, tokens, len(active))
+                dt = self._target_pass_s(context, tokens, decode)
                 self._clock += dt
                 self.totals["verify_s"] += dt
                 verify_s += dt

@@ -48,8 +48,9 @@ def test_clock_model_times_passes_with_its_log_term(clock_run_dir):
 
 
 def test_the_clock_prices_a_decode_pass_and_a_multi_token_pass_as_the_fit_says(tmp_path):
-    """A one-token pass pays no μ; a pass of one token per row (no-SD) attends at the decode α; a pass
-    whose rows verify drafts pays μ and the multi-token α — in verify and step_time_s alike."""
+    """A one-token pass pays no μ; a pass of one token per row (no-SD) attends at the maskless α (on the
+    torch engine only when its rows have one length); a pass whose rows verify drafts pays μ and the
+    masked α — in verify and step_time_s alike."""
     lam, multi, alpha_decode = {"target": 1e-3}, {"target": 2e-3}, {"target": 0.4 * TRUE["target"][0]}
     run = write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode, engine="vllm")
     sim = SimEngine.from_dirs(run)
@@ -66,6 +67,18 @@ def test_the_clock_prices_a_decode_pass_and_a_multi_token_pass_as_the_fit_says(t
     out = sim.verify({one[0]: 1, two[0]: 0})
     assert out.verify_time_s == pytest.approx(a * (103 + 62) + 3 * g + d + 1e-3 * np.log2(3) + 2e-3, rel=1e-3)
     assert sim.now() - t0 == pytest.approx(out.verify_time_s)
+    # the torch engine (padded rows) drops the mask only for rows of one length: two rows of unequal
+    # context pay the masked α even at one token each (engines/llama.py), two of equal context do not
+    torch_sim = SimEngine.from_dirs(write_synthetic_run(tmp_path / "torch", lam=lam, multi=multi,
+                                                        alpha_decode=alpha_decode))
+    uneven = torch_sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50)]).req_ids
+    assert torch_sim.verify(dict.fromkeys(uneven, 0)).verify_time_s == pytest.approx(
+        a * 2 * 100 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    even = torch_sim.add([GenRequest(range(80), 50), GenRequest(range(80), 50)]).req_ids
+    assert torch_sim.verify(dict.fromkeys(even, 0)).verify_time_s == pytest.approx(
+        ad * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    assert torch_sim.step_time_s([80, 80], [0, 0]) == pytest.approx(ad * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    assert torch_sim.step_time_s([80, 60], [0, 0]) == pytest.approx(a * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
 
 
 def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(tmp_path):

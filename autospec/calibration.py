@@ -60,13 +60,16 @@ def mad(values: Sequence[float]) -> float:
     return float(np.median(np.abs(v - np.median(v))))
 
 
-def latency_grid(settings: ProfileSettings, catch_up: bool = True) -> list[tuple[str, str, int, int, int]]:
+def latency_grid(settings: ProfileSettings, catch_up: bool = True,
+                 ragged: bool = True) -> list[tuple[str, str, int, int, int]]:
     """(model, phase, batch, tokens, context) for every shape to time, in measuring order. `catch_up`:
     the torch engine's draft pass of 2 tokens per request — a round's first pass after a verify that
     accepted every draft feeds the last draft and the bonus token (TorchSDEngine's `pending`), and a
-    width-2 pass costs 1.2-1.5x a width-1 pass on the bundled pair."""
+    width-2 pass costs 1.2-1.5x a width-1 pass on the bundled pair. `ragged`: the torch engine's
+    one-token passes over rows of unequal length (`decode_ragged`, profile.time_ragged_calls; the
+    context is the longest row's), at batch >= 2 and without an SM split."""
     shapes = []
-    for _ in settings.sm_splits or [None]:
+    for split in settings.sm_splits or [None]:
         for context in settings.contexts:
             for batch in settings.batches:
                 for tokens in range(1, settings.k_max + 2):  # verify feeds k drafts + 1 per request
@@ -74,6 +77,8 @@ def latency_grid(settings: ProfileSettings, catch_up: bool = True) -> list[tuple
                 shapes.append(("draft", "decode", batch, 1, context))  # one new token per request
                 if catch_up:
                     shapes.append(("draft", "decode", batch, 2, context))
+                if ragged and batch >= 2 and split is None:
+                    shapes += [(model, "decode_ragged", batch, 1, context) for model in ("draft", "target")]
     for tokens in settings.prefill_tokens:
         for model in ("target", "draft"):
             shapes.append((model, "prefill", 1, tokens, 0))

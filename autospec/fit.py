@@ -157,7 +157,9 @@ def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeff
     also λ and μ of the simulator's clock model (λ·log2 N_b + μ·[N_b ≥ 2], see latency.LinearCoeffs) —
     μ only when the rows have passes over one token and over more (else it cannot be told from δ) —
     and, when the rows carry a fourth column (the requests in the pass), the decode pass's α (rows
-    feeding one token each), again only when there are decode and multi-token passes both.
+    feeding one token each), again only when there are decode and multi-token passes both; a fifth
+    column (1: one token per row, rows of unequal length) gives those masked passes their own α
+    (`alpha_ragged`) when other rows fix α.
 
     Why not plain least squares (latency.fit_linear): it weighs the slowest shapes most and, on a
     shared machine, lets one multi-second outlier drag δ negative, which wrecks the fast shapes. Here
@@ -175,10 +177,14 @@ def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeff
         return bool(np.any(mask)) and bool(not np.all(mask))
 
     multi_term = log_term and both(n_b >= 2)
-    decode = n_b <= data[:, 3] if data.shape[1] > 3 else np.zeros(len(data), bool)
-    decode_term = log_term and both(decode)
+    one_token = n_b <= data[:, 3] if data.shape[1] > 3 else np.zeros(len(data), bool)
+    ragged = one_token & (data[:, 4] > 0) if data.shape[1] > 4 else np.zeros(len(data), bool)
+    decode = one_token & ~ragged
+    decode_term = log_term and bool(np.any(decode)) and bool(np.any(~one_token))
+    ragged_term = log_term and both(ragged)
+    own_alpha = (decode & decode_term) | (ragged & ragged_term)  # rows priced by an α of their own
     names = ["alpha", "gamma", "delta"]
-    columns = [np.where(decode, 0.0, n_c) if decode_term else n_c, n_b, np.ones(len(data))]
+    columns = [np.where(own_alpha, 0.0, n_c), n_b, np.ones(len(data))]
     if log_term:
         names.append("lam")
         columns.append(np.log2(np.maximum(n_b, 1.0)))
@@ -188,6 +194,9 @@ def fit_linear_relative(rows: np.ndarray, log_term: bool = False) -> LinearCoeff
     if decode_term:
         names.append("alpha_decode")
         columns.append(np.where(decode, n_c, 0.0))
+    if ragged_term:
+        names.append("alpha_ragged")
+        columns.append(np.where(ragged, n_c, 0.0))
     design = np.column_stack(columns) / seconds[:, None]
     start, _ = nnls(design, np.ones(len(data)))
     # optimise in units of the start so all are O(1); a coefficient nnls put at 0 starts at a small
@@ -254,12 +263,17 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         # AdaSpec's model (policies) is fitted on the context summed over the pass's positions, as Eq.
         # 3–4 use it (latency.linear_features); the simulator's clock keeps the context counted once
         # per pass (the form it has always timed passes with).
-        # (the clock's fourth column: the requests in the pass, which tells decode passes apart)
+        # (the clock's fourth column: the requests in the pass, which tells decode passes apart; its
+        # fifth: 1 for the `decode_ragged` rows — one token per row, rows of unequal length, timed at
+        # the longest row's context, which the padded engine attends for every row)
+        ragged = latency[(latency["model"] == model) & (phase == "decode_ragged")]
+        rb, rs, rc, rt = (ragged[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
         designs = {"linear": np.column_stack([*linear_features(b, s, c), t]),
-                   "clock": np.column_stack([b * c, b * s, t, b])}
-        n = len(rows)
+                   "clock": np.vstack([np.column_stack([b * c, b * s, t, b, np.zeros_like(b)]),
+                                       np.column_stack([rb * rc, rb * rs, rt, rb, np.ones_like(rb)])])}
         for name, log_term in (("linear", False), ("clock", True)):
             design = designs[name]
+            n = len(design)
 
             def linear_cv(train, test, log_term=log_term, design=design):
                 co = fit_linear_relative(design[train], log_term=log_term)

@@ -40,8 +40,9 @@ __all__ = ["FaserKind", "FaserModels", "LinearCoeffs", "LinearLatencyModel", "Pi
 class LinearCoeffs:
     """T_fwd(N_c, N_b) = alpha·N_c + gamma·N_b + delta, seconds (AdaSpec §4, time model), plus
     lam·log2(N_b) + multi·[N_b ≥ 2] in the simulator's clock model only, where also a pass whose rows
-    each feed one token (a decode pass) attends at `alpha_decode` per context token (`lam` = `multi` = 0,
-    `alpha_decode` None is AdaSpec's model exactly).
+    each feed one token (a decode pass) attends at `alpha_decode` per context token, or at `alpha_ragged`
+    when those rows differ in length on the padded torch engine (`lam` = `multi` = 0, `alpha_decode` =
+    `alpha_ragged` = None is AdaSpec's model exactly).
 
     Why the log term: on a CPU (and on a GPU below saturation) a pass over few tokens leaves cores idle,
     so its cost grows sublinearly in N_b at small batches — the bundled pair's draft pass costs 2.1 ms
@@ -54,11 +55,18 @@ class LinearCoeffs:
     bundled target's pass costs 3.6 ms over one token and 5.8–6.0 ms over two (batch 2 × 1 token or
     batch 1 × 2 tokens alike); and a pass needs no attention mask when every row feeds one token and
     the rows have one length (the torch engine, engines/llama.py; vLLM's decode kernel needs only the
-    first) — 0.9 µs per context token in the CI profile's fit against 1.4 µs with the mask. The profile
-    times rows of one length, so its one-token rows are maskless; in a torch replay rows differ in
-    length, and only a pass at batch 1 is (the simulator decides per pass). Without them the clock
+    first) — 0.6 µs per context token in the CI profile's fit against 1.4 µs with the mask. The
+    profile's `decode` rows have one length per shape, so its one-token rows are maskless; in a torch
+    replay rows differ in length beyond batch 1 (the simulator decides per pass). Without them the clock
     priced a no-SD step 23–28% too high at batch 1 and a two-token pass 10–14% too low (two CPU
-    profiles): the simulator favoured SD exactly where SD is decided."""
+    profiles): the simulator favoured SD exactly where SD is decided.
+
+    Why a third α for one-token rows of unequal length (`alpha_ragged`): such a pass pays the mask
+    but still runs one query per row, far cheaper per context token than a multi-token pass's
+    masked attention — on the bundled target at batch 8, rows spread over 192..576 tokens cost 1.9 ms
+    more than rows of 384, where the multi-token α added 4.1 ms (and the no-SD replays at batch 2–8,
+    whose rows differ in length, came out 6–11% slow on the simulator). The profile times such rows
+    (phase `decode_ragged`); the CI profile fits 0.83 µs. None (older profiles, vLLM): α."""
 
     alpha: float  # seconds per context token attended
     gamma: float  # seconds per token processed in the pass
@@ -66,15 +74,24 @@ class LinearCoeffs:
     lam: float = 0.0  # seconds per doubling of the tokens in the pass (clock model only)
     multi: float = 0.0  # seconds a pass over two or more tokens costs on top (clock model only)
     alpha_decode: float | None = None  # alpha of a pass whose rows feed one token each (clock only; None: alpha)
+    alpha_ragged: float | None = None  # ... and differ in length: the mask (clock only; None: alpha)
 
-    def forward(self, n_context: float, n_batch: float, rows: float | None = None) -> float:
+    def forward(self, n_context: float, n_batch: float, rows: float | None = None, ragged: float = 0.0) -> float:
         """One pass over `n_batch` tokens attending to `n_context`; `rows` (the requests in the pass)
-        tells a decode pass (n_batch == rows) from one whose rows feed several tokens."""
-        decode = rows is not None and self.alpha_decode is not None and n_batch <= rows
-        t = (self.alpha_decode if decode else self.alpha) * n_context + self.gamma * n_batch + self.delta
+        tells a decode pass (n_batch == rows) from one whose rows feed several tokens, and `ragged`
+        (true: the rows differ in length, so the padded engine masks) a masked decode pass."""
+        alpha = self.alpha
+        if rows is not None and n_batch <= rows:
+            alpha = self.pass_alpha(ragged=bool(ragged))
+        t = alpha * n_context + self.gamma * n_batch + self.delta
         if self.multi and n_batch >= 2:
             t += self.multi
         return t + self.lam * math.log2(n_batch) if self.lam and n_batch >= 1 else t
+
+    def pass_alpha(self, *, ragged: bool) -> float:
+        """α of a pass whose rows feed one token each: without a mask, or (`ragged`) with one."""
+        alpha = self.alpha_ragged if ragged else self.alpha_decode
+        return self.alpha if alpha is None else alpha
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,7 @@ class LinearLatencyModel:
         if steps <= 0 or batch <= 0:
             return 0.0
         d = self.draft
-        alpha = d.alpha if d.alpha_decode is None else d.alpha_decode  # draft passes feed one token a row
+        alpha = d.pass_alpha(ragged=False)  # draft passes feed one token a row
         t = alpha * positions_context(batch, context_tokens, steps) + d.gamma * batch * steps + steps * d.delta
         if d.multi and batch >= 2:
             t += steps * d.multi
@@ -104,7 +121,7 @@ class LinearLatencyModel:
         if batch <= 0:
             return 0.0
         c, n_b = self.target, batch * tokens_per_request
-        alpha = c.alpha_decode if c.alpha_decode is not None and tokens_per_request <= 1 else c.alpha
+        alpha = c.pass_alpha(ragged=False) if tokens_per_request <= 1 else c.alpha
         t = alpha * positions_context(batch, context_tokens, tokens_per_request) + c.gamma * n_b + c.delta
         if c.multi and n_b >= 2:
             t += c.multi

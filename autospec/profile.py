@@ -96,8 +96,12 @@ def measure_latency(engine: TorchSDEngine, settings: ProfileSettings,
                 row("draft", "decode", batch, 1, ctx, times)
                 times, ctx = cell["draft_catch_up"]
                 row("draft", "decode", batch, 2, ctx, times)
+                ragged = batch >= 2 and r is None  # calibration.latency_grid's `ragged` shapes
+                if ragged:
+                    for model, (times, longest) in time_ragged_calls(engine, batch, context, settings, rng).items():
+                        row(model, "decode_ragged", batch, 1, longest, times)
                 if advance is not None:
-                    advance(settings.k_max + 3)
+                    advance(settings.k_max + 3 + 2 * ragged)
     if settings.sm_splits:
         engine.set_sm_split(None)  # prefill and acceptance traces run on the whole GPU
     for tokens in settings.prefill_tokens:
@@ -209,6 +213,34 @@ def _time_catch_up_drafts(engine: TorchSDEngine, batch: int, context: int, setti
             ctxs.append(ctx)
     engine.remove(ids)
     return times, float(np.mean(ctxs))
+
+
+def time_ragged_calls(engine: TorchSDEngine, batch: int, context: int, settings: ProfileSettings,
+                      rng: np.random.Generator) -> dict[str, tuple[list[float], float]]:
+    """Seconds of one-token `engine.draft` and `engine.verify` calls (no drafts) over `batch` requests
+    whose prompts differ in length — spread evenly over context/2 .. 3·context/2 — as a replay's rows
+    do beyond batch 1. Rows of unequal length need the attention mask that rows of one length (what
+    `time_engine_calls` times) do without (engines/llama.py `needs_mask`), and the padded engine attends
+    every row at the longest one's context: each model's (times, mean longest context), for the fit's
+    `decode_ragged` rows (latency.LinearCoeffs.alpha_ragged)."""
+    lengths = np.linspace(context / 2, 1.5 * context, batch).round().astype(int)
+    prompts = [rng.integers(0, engine.target.shape.vocab_size, max(int(n), 1)).tolist() for n in lengths]
+    ids = engine.add([GenRequest(p, 1 << 30, ignore_eos=True) for p in prompts]).req_ids
+    times: dict[str, list[float]] = {"draft": [], "target": []}
+    longest: dict[str, list[float]] = {"draft": [], "target": []}
+    for i in range(settings.warmup + settings.repeats):
+        for model, call in (("draft", lambda: engine.draft(ids)),
+                            # no drafts verified: the draft is discarded, one token per row pending again
+                            ("target", lambda: engine.verify({r: 0 for r in ids}))):
+            top = max(engine.context_len(r) for r in ids)
+            t0 = time.perf_counter_ns()
+            call()
+            dt = (time.perf_counter_ns() - t0) / 1e9
+            if i >= settings.warmup:
+                times[model].append(dt)
+                longest[model].append(top)
+    engine.remove(ids)
+    return {model: (times[model], float(np.mean(longest[model]))) for model in times}
 
 
 # [chosen] A real replay whose host runs more than 10% off the profiled speed is "disturbed": on the

@@ -22,12 +22,14 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                       plain: tuple[float, float, float] | None = None,
                       draft_round: tuple[float, float, float] | None = None,
                       multi: dict[str, float] | None = None,
-                      alpha_decode: dict[str, float] | None = None) -> pd.DataFrame:
+                      alpha_decode: dict[str, float] | None = None,
+                      alpha_ragged: dict[str, float] | None = None) -> pd.DataFrame:
     """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model, `multi` μ
     to every pass over two or more tokens, and `alpha_decode` replaces α in passes of one token per
-    row (the simulator's clock terms); `plain` = (α, γ, δ) adds a plain engine's target rows (`decode_plain`);
-    `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows and the `step` rows (K passes +
-    the round, K = 1, 2, 4) they are split from."""
+    row (the simulator's clock terms); `alpha_ragged` adds `decode_ragged` rows (one token per row,
+    rows of unequal length, batch >= 2) that attend at it; `plain` = (α, γ, δ) adds a plain engine's
+    target rows (`decode_plain`); `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows
+    and the `step` rows (K passes + the round, K = 1, 2, 4) they are split from."""
     rng = np.random.default_rng(seed)
     rows = []
     for model, (a, g, d) in TRUE.items():
@@ -40,6 +42,11 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                          + (multi or {}).get(model, 0.0) * (batch * tokens >= 2))
                     t *= 1 + noise * rng.standard_normal()
                     rows.append({"model": model, "phase": "decode", "batch": batch, "tokens": tokens,
+                                 "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
+                if model in (alpha_ragged or {}) and batch >= 2:
+                    t = (alpha_ragged[model] * batch * context + g * batch + d  # type: ignore[index]
+                         + (lam or {}).get(model, 0.0) * np.log2(batch) + (multi or {}).get(model, 0.0))
+                    rows.append({"model": model, "phase": "decode_ragged", "batch": batch, "tokens": 1,
                                  "context": context, "sm_split": np.nan, "median_s": t, "mad_s": 0.0, "repeats": 5})
         if model == "draft" and draft_round is not None:  # a vLLM profile's draft rounds and steps
             ra, rg, rd = draft_round
@@ -91,11 +98,13 @@ def synthetic_acceptance(n_prompts: int = 6, positions: int = 40, temperature: f
 def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, noise: float = 0.0,
                         lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None,
                         engine: str = "torch", draft_round: tuple[float, float, float] | None = None,
-                        multi: dict[str, float] | None = None, alpha_decode: dict[str, float] | None = None) -> Path:
+                        multi: dict[str, float] | None = None, alpha_decode: dict[str, float] | None = None,
+                        alpha_ragged: dict[str, float] | None = None) -> Path:
     """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
     write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round,
-                                                              multi=multi, alpha_decode=alpha_decode))
+                                                              multi=multi, alpha_decode=alpha_decode,
+                                                              alpha_ragged=alpha_ragged))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root

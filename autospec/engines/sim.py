@@ -196,6 +196,21 @@ class _TraceSlices(abc.Sequence):
         return list(self) == list(other) if isinstance(other, abc.Sequence) else NotImplemented
 
 
+def _alphas(coeffs) -> tuple[float, float, float]:
+    """(α of a pass feeding several tokens a row, of a decode pass, of a masked decode pass) of a clock's
+    `LinearCoeffs`; see `_pass_alpha`."""
+    return coeffs.alpha, coeffs.pass_alpha(ragged=False), coeffs.pass_alpha(ragged=True)
+
+
+def _pass_alpha(alphas: tuple[float, float, float], decode: bool, one_length: bool) -> float:
+    """The α a pass pays per context token: a decode pass (one token per row) has its own kernel, and on
+    the padded torch engine rows of unequal length add the attention mask (engines/llama.py `needs_mask`;
+    latency.LinearCoeffs)."""
+    if not decode:
+        return alphas[0]
+    return alphas[1] if one_length else alphas[2]
+
+
 def draft_lag(lag: int, drafted: int, accepted: int) -> int:
     """Committed tokens the draft model has not fed after a verify (TorchSDEngine._settle's `pending`),
     from the `lag` before it and the round's drafts and accepted drafts: the verify's new token, on top
@@ -270,10 +285,10 @@ class SimEngine:
         self._target_coef = (t.alpha, t.gamma, t.delta)
         self._draft_lam, self._target_lam = d.lam, t.lam  # λ·log2(tokens in the pass), 0 = AdaSpec's line
         self._draft_multi, self._target_multi = d.multi, t.multi  # μ: a pass over >= 2 tokens (LinearCoeffs)
-        # α of a decode pass (every row feeds one token; LinearCoeffs.alpha_decode, else α)
-        self._draft_alpha_decode = d.alpha if d.alpha_decode is None else d.alpha_decode
-        self._target_alpha_decode = t.alpha if t.alpha_decode is None else t.alpha_decode
-        self._sd_target = (self._target_coef, self._target_lam, self._target_multi, self._target_alpha_decode)
+        # α of a pass over several tokens a row, of a decode pass (one token a row), and of a decode pass
+        # whose rows differ in length on the padded engine (the mask): LinearCoeffs, `_pass_alpha`
+        self._draft_alphas, self._target_alphas = _alphas(d), _alphas(t)
+        self._sd_target = (self._target_coef, self._target_lam, self._target_multi, self._target_alphas)
         self._round = costs.draft_round
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
@@ -301,10 +316,10 @@ class SimEngine:
         self._speculative = bool(enabled)
         p = self.costs.plain_target
         if enabled or p is None:
-            self._target_coef, self._target_lam, self._target_multi, self._target_alpha_decode = self._sd_target
+            self._target_coef, self._target_lam, self._target_multi, self._target_alphas = self._sd_target
         else:
             self._target_coef, self._target_lam, self._target_multi = (p.alpha, p.gamma, p.delta), p.lam, p.multi
-            self._target_alpha_decode = p.alpha if p.alpha_decode is None else p.alpha_decode
+            self._target_alphas = _alphas(p)
 
     def set_draft_sampling(self, mode: str) -> None:
         """The strategy's proposal rule at T>0 (module docstring, "Acceptance"): "sample" accepts chain
@@ -455,12 +470,12 @@ class SimEngine:
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
             dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
         else:
-            decode = True  # packed rows feed one token each
+            alpha = self._draft_alphas[1]  # packed rows feed one token each, unmasked
             if self.padded_batches:
+                alpha = _pass_alpha(self._draft_alphas, width == 1, shortest == longest)
                 context, b = b * longest, b * width
-                decode = width == 1 and shortest == longest  # the torch engine: no mask (LinearCoeffs)
-            a, g, d = self._draft_coef
-            dt = (self._draft_alpha_decode if decode else a) * context + g * b + d
+            _, g, d = self._draft_coef
+            dt = alpha * context + g * b + d
             if self._draft_lam:
                 dt += self._draft_lam * math.log2(b)
             if b >= 2:
@@ -588,8 +603,7 @@ class SimEngine:
         elif self._split_r:  # under an SM split: FASER's target model (module docstring, "Clock")
             dt = self.faser.verify_time(len(req_ids), tokens / len(req_ids) - 1, self._split_r)  # type: ignore[union-attr]
         elif self.padded_batches:  # every row padded to the longest context and the widest feed
-            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest,
-                                     widest == 1 and shortest == longest)
+            dt = self._target_pass_s(len(req_ids) * longest, len(req_ids) * widest, widest == 1, shortest == longest)
         else:
             dt = self._target_pass_s(context, tokens, tokens <= len(req_ids))
         self._clock += dt
@@ -626,7 +640,7 @@ class SimEngine:
         requests draft k."""
         # packed rows: every round feeds one token per request, a decode pass
         _, g, d = self._draft_coef
-        dt = self._draft_alpha_decode * weighted + g * drafted + d * rounds
+        dt = self._draft_alphas[1] * weighted + g * drafted + d * rounds
         if (self._draft_lam or self._draft_multi or self._split_r) and rounds:
             n_j, log_sum, split_s, multi_rounds = 0, 0.0, 0.0, 0  # round j drafts n_j: requests with > j drafts
             for j in range(rounds, 0, -1):
@@ -646,7 +660,7 @@ class SimEngine:
         among them (+ j drafts); `ending[k]` / `longest[k]` / `shortest[k]`: how many requests draft k
         tokens, and the longest and shortest context of those (rows of one length, one token each, are
         a decode pass)."""
-        a, g, d = self._draft_coef
+        _, g, d = self._draft_coef
         lam = self._draft_lam
         dt, n_j, top, bottom = 0.0, 0, 0, 1 << 62
         for j in range(rounds - 1, -1, -1):
@@ -654,8 +668,8 @@ class SimEngine:
             top = max(top, longest[j + 1])
             bottom = min(bottom, shortest[j + 1])
             tokens = n_j * (width if j == 0 else 1)
-            decode = tokens == n_j and bottom == top
-            dt += (self._draft_alpha_decode if decode else a) * n_j * (top + j) + g * tokens + d
+            alpha = _pass_alpha(self._draft_alphas, tokens == n_j, bottom == top)
+            dt += alpha * n_j * (top + j) + g * tokens + d
             if lam:
                 dt += lam * math.log2(tokens)
             if tokens >= 2:
@@ -690,19 +704,19 @@ class SimEngine:
             verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
             return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
         if self.padded_batches:
-            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1),
-                                           rounds == 0 and max(contexts) == min(contexts))
+            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1), rounds == 0,
+                                           max(contexts) == min(contexts))
             return self._padded_rounds_s(ending, longest, shortest, rounds, 1) + verify_s
         verify_s = self._target_pass_s(sum(contexts), drafted + n, drafted == 0)
         round_s = self._round.forward(starting_context, starting) if self._round is not None and starting else 0.0
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
-    def _target_pass_s(self, context: int, tokens: int, decode: bool) -> float:
+    def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b + μ·[N_b ≥ 2]), N_b = tokens
-        fed; α of a decode pass when `decode` (one token per row and, on the padded torch engine, rows
-        of one length: anything else needs an attention mask, LinearCoeffs)."""
-        a, g, d = self._target_coef
-        dt = (self._target_alpha_decode if decode else a) * context + g * tokens + d
+        fed; α of a decode pass when `decode` (one token per row), masked unless `one_length` (rows of
+        one length, or packed rows: only the padded torch engine masks ragged rows; `_pass_alpha`)."""
+        _, g, d = self._target_coef
+        dt = _pass_alpha(self._target_alphas, decode, one_length) * context + g * tokens + d
         if self._target_lam:
             dt += self._target_lam * math.log2(tokens)
         if tokens >= 2:
@@ -825,11 +839,12 @@ class SimEngine:
             if self.padded_batches:
                 context = len(active) * max(lens)
                 tokens = len(active) * max(n + 1 for _, (n, _, _) in active)
-                decode = tokens == len(active) and min(lens) == max(lens)
+                one_length = min(lens) == max(lens)
             else:
                 context = sum(lens)
                 tokens = sum(n + 1 for _, (n, _, _) in active)
-                decode = tokens == len(active)
+                one_length = True  # packed rows: no mask
+            decode = tokens == len(active)
             if overlapped:
                 b = len(active)
                 target_s = faser.verify_time(b, tokens / b - 1, r_split)
@@ -837,7 +852,7 @@ class SimEngine:
             else:
                 if drafting:  # the next chunk, drafted while this one is verified (serially here)
                     self.draft_rounds([rid for rid, _ in drafting], [m for _, m in drafting])
-                dt = self._target_pass_s(context, tokens, decode)
+                dt = self._target_pass_s(context, tokens, decode, one_length)
                 self._clock += dt
                 self.totals["verify_s"] += dt
                 verify_s += dt

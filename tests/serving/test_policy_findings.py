@@ -41,9 +41,11 @@ def _evaluate(out: Path, workload: Path, slo_tpot: str) -> dict:
 def test_adaspec_slo_refusals_are_a_finding_in_the_summary_and_the_report(tmp_path):
     workload = tmp_path / "w.toml"
     workload.write_text(WORKLOAD)
-    tight = _evaluate(tmp_path / "tight", workload, "0.008")
+    # [chosen] 6 ms: above the CI profile's no-SD step at these batch sizes, below its drafted steps
+    # (a re-profile on a faster or slower host may need it moved; 8 ms no longer bound on a 20% faster one)
+    tight = _evaluate(tmp_path / "tight", workload, "0.006")
     (line,) = [f for f in tight["findings"]["adaspec"] if "drafted nothing" in f]
-    assert "returns −1" in line and "TPOT SLO (8 ms)" in line
+    assert "returns −1" in line and "TPOT SLO (6 ms)" in line
     share = float(line.split("drafted nothing in ")[1].split("%")[0]) / 100
     steps = pd.read_parquet(tmp_path / "tight" / "eval" / "steps.parquet")
     ada = steps[steps["strategy"] == "adaspec"]

@@ -66,9 +66,32 @@ def test_the_clock_model_prices_decode_passes_and_multi_token_passes_apart(tmp_p
     assert models.clock_mape["target"] < 1e-6
     assert models.clock["draft"].get("alpha_decode") is None  # draft rows: one token per row only
     assert models.linear["target"].get("multi", 0.0) == 0.0  # policies keep AdaSpec's line
+    assert c.get("alpha_ragged") is None  # no decode_ragged rows: a masked decode pass pays α
     # a plain profile (no step, one α) fits μ ≈ 0 and α_decode ≈ α
     plain = fit_profile(write_synthetic_run(tmp_path / "plain")).clock["target"]
     assert plain["multi"] < 1e-9 and plain["alpha_decode"] == pytest.approx(plain["alpha"], rel=1e-3)
+
+
+def test_the_clock_fits_masked_decode_passes_their_own_alpha(tmp_path):
+    """One-token rows of unequal length (`decode_ragged`, the torch engine's masked decode pass) get
+    their own α, apart from the maskless one and from the multi-token α, for the draft and the
+    target alike; the paper's linear model never sees them."""
+    lam, multi = {"target": 1e-3, "draft": 2e-4}, {"target": 2e-3, "draft": 3e-4}
+    alpha_decode = {"target": 0.4 * TRUE["target"][0]}
+    alpha_ragged = {"target": 0.7 * TRUE["target"][0], "draft": 0.5 * TRUE["draft"][0]}
+    run = write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode, alpha_ragged=alpha_ragged)
+    models = fit_profile(run)
+    t = models.clock["target"]
+    assert (t["alpha"], t["alpha_decode"], t["alpha_ragged"]) == pytest.approx(
+        (TRUE["target"][0], alpha_decode["target"], alpha_ragged["target"]), rel=1e-3)
+    assert (t["gamma"], t["delta"], t["lam"], t["multi"]) == pytest.approx((*TRUE["target"][1:], 1e-3, 2e-3), rel=1e-3)
+    # the synthetic draft rows all feed one token: α is its maskless rows' (no α_decode to tell apart)
+    d = models.clock["draft"]
+    assert d["alpha_decode"] is None
+    assert (d["alpha"], d["alpha_ragged"]) == pytest.approx((TRUE["draft"][0], alpha_ragged["draft"]), rel=1e-3)
+    assert models.clock_mape["target"] < 1e-6 and models.clock_mape["draft"] < 1e-6
+    assert models.linear["target"] == fit_profile(write_synthetic_run(
+        tmp_path / "maskless", lam=lam, multi=multi, alpha_decode=alpha_decode)).linear["target"]
 
 
 def test_fit_is_robust_to_measurement_noise(tmp_path):

@@ -57,6 +57,13 @@ def test_profile_artifacts_have_the_schema(profiled):
     assert sorted(target.tokens.unique()) == list(range(1, SETTINGS.k_max + 2))
     # one new token per request, and the catch-up pass after a verify that accepted every draft
     assert set(lat[lat.model == "draft"].query("phase == 'decode'").tokens) == {1, 2}
+    # one token per row over rows of unequal length (the mask), beyond batch 1, timed at the longest row
+    ragged = lat[lat.phase == "decode_ragged"]
+    assert set(ragged.tokens) == {1} and set(ragged.batch) == {b for b in SETTINGS.batches if b >= 2}
+    assert set(ragged.model) == {"draft", "target"}
+    for (model, batch), cell in ragged.groupby(["model", "batch"]):
+        # prompts spread over context/2 .. 3·context/2: the longest row exceeds the grid context
+        assert (cell.context.sort_values().to_numpy() > np.sort(SETTINGS.contexts)).all(), (model, batch)
     assert (lat.median_s > 0).all() and (lat.mad_s >= 0).all() and (lat.repeats == SETTINGS.repeats).all()
     assert lat.sm_split.isna().all()
     acc = read_parquet(run / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)

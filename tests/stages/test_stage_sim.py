@@ -81,6 +81,31 @@ def test_the_clock_prices_a_decode_pass_and_a_multi_token_pass_as_the_fit_says(t
     assert torch_sim.step_time_s([80, 60], [0, 0]) == pytest.approx(a * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
 
 
+def test_the_torch_clock_prices_masked_decode_passes_at_their_own_alpha(tmp_path):
+    """With `decode_ragged` rows profiled, a torch pass of one token per row over rows of unequal length
+    attends at α_ragged — the target's verify and the draft's pass alike — while rows of one length keep
+    the maskless α and a multi-token pass the masked α."""
+    lam, multi = {"target": 1e-3}, {"target": 2e-3}
+    alpha_decode = {"target": 0.4 * TRUE["target"][0]}
+    alpha_ragged = {"target": 0.7 * TRUE["target"][0], "draft": 0.5 * TRUE["draft"][0]}
+    run = write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode, alpha_ragged=alpha_ragged)
+    sim = SimEngine.from_dirs(run)
+    a, g, d = TRUE["target"]
+    ar = alpha_ragged["target"]
+    uneven = sim.add([GenRequest(range(100), 50), GenRequest(range(60), 50)]).req_ids
+    assert sim.verify(dict.fromkeys(uneven, 0)).verify_time_s == pytest.approx(
+        ar * 2 * 101 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    assert sim.step_time_s([80, 60], [0, 0]) == pytest.approx(ar * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    assert sim.step_time_s([80, 80], [0, 0]) == pytest.approx(
+        alpha_decode["target"] * 2 * 80 + 2 * g + d + 1e-3 + 2e-3, rel=1e-3)
+    assert sim.step_time_s([80, 60], [1, 1]) > sim.step_time_s([80, 60], [0, 0])  # drafts: μ and the masked α
+    _, dg, dd = TRUE["draft"]
+    fresh = sim.add([GenRequest(range(90), 50), GenRequest(range(40), 50)]).req_ids
+    t0 = sim.now()
+    sim.draft(fresh)  # one token per row (the draft is level with the target), rows 91 and 41 long
+    assert sim.now() - t0 == pytest.approx(alpha_ragged["draft"] * 2 * 91 + 2 * dg + dd, rel=1e-3)
+
+
 def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(tmp_path):
     """A profile with plain-engine rows (vLLM's no-SD engine) gives the fit a clock_plain; the sim
     prices a no-SD strategy's passes by it and every drafting strategy's by the speculative clock."""

@@ -78,7 +78,7 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
 def profile_units(settings) -> int:
     """Progress units `profile_latency` advances by: the profile's latency grid plus one per
     (batch, context) for the plain engine's decode_plain rows."""
-    return len(latency_grid(settings, catch_up=False)) + len(settings.batches) * len(settings.contexts)
+    return len(latency_grid(settings, catch_up=False, ragged=False)) + len(settings.batches) * len(settings.contexts)
 
 
 def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:

@@ -434,6 +434,7 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
         base["profile"] = {"reuse": str(CI_PROFILE)}
     with tempfile.TemporaryDirectory(prefix="verdict_") as tmp:
         tmp_dir = Path(tmp) if keep is None else keep
+        tmp_dir.mkdir(parents=True, exist_ok=True)  # a reused --run-dir leaves nothing else to create it
         if run_dir is None:
             run_dir = autospec_run(base, tmp_dir / "default")
         elif not (run_dir / "tune" / "summary.json").is_file():

@@ -1,3 +1,5 @@
-from autospec.cli import app
+import sys
 
-app()
+from autospec.cli import main
+
+sys.exit(main())

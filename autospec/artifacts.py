@@ -11,16 +11,18 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from autospec import __version__
 from autospec.config import SCHEMA_VERSION
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_json
 from autospec.hub import hub_source
 
 
@@ -150,6 +152,64 @@ def current_umask() -> int:
     return _IMPORT_UMASK if mask is None else mask
 
 
+def output_problem(path: str | Path, *, directory: bool) -> str | None:
+    """Why `path` — an output directory (`directory`) or file — cannot be written, or None when it can.
+
+    Commands check their outputs with this before any work: the artifacts are written when the work is
+    done, and a path that names a file, sits under one, or lies in a directory nobody may write to used
+    to fail only then, losing a whole profile or tune. Writability is tested by creating (and removing)
+    a directory in the nearest existing ancestor — permission bits say nothing for root, nor for a
+    read-only or pseudo file system such as /proc — so nothing is left behind either way."""
+    path = Path(path)
+    if directory and path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    if not directory and path.is_dir():
+        return "is a directory, not a file"
+    existing = path if directory and path.is_dir() else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".autospec-write-check-"))
+    except OSError as exc:
+        return f"cannot write under {existing} ({exc.strerror or exc})"
+    return None
+
+
+def check_output(path: str | Path, *, directory: bool, field: str = "out") -> None:
+    """`output_problem` as an InputError naming the path and the flag."""
+    problem = output_problem(path, directory=directory)
+    if problem is not None:
+        raise InputError(problem, path=path, field=field)
+
+
+@contextmanager
+def staged_dir(final: str | Path) -> Iterator[Path]:
+    """A stage's output folder written as a whole: the stage writes into a hidden staging folder beside
+    `final` (`.eval.staging-XXXX`), which takes `final`'s place only once the stage has finished. Each
+    file is atomic on its own (_atomic_write), but a stage writes several that belong together — an
+    evaluate killed between them once left new requests.parquet beside the old steps.parquet and
+    summary.json, which report and gate read as one run. Now a failed or killed stage leaves the earlier
+    folder (or none) as it was; a SIGKILL leaves at most a hidden staging folder, which no reader globs."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.staging-"))
+    os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it 0700: the folder a user's mkdir would make
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    retired = None
+    if final.exists():  # two renames: readers see the old folder or the new one, never a mix
+        retired = final.parent / f".{final.name}.retired-{staging.name.rsplit('-', 1)[-1]}"
+        os.replace(final, retired)
+    os.replace(staging, final)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file in the same folder and rename. Every artifact writer (JSON, text,
     parquet) goes through here. mkstemp creates its file 0600; the artifact gets 0666 & ~umask like any
@@ -169,12 +229,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def read_json_object(path: Path) -> dict[str, Any]:
     """Read a JSON file holding one object; InputError (file, problem) otherwise."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError("file not found", path=path)
+    if not path.is_file():  # a directory, or a pipe that would block the read for ever
+        raise InputError("not a regular file", path=path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", path=path) from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte at offset {exc.start})", path=path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", path=path) from None
+    data = parse_json(text, path=path)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", path=path)
     return data

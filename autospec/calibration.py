@@ -10,18 +10,89 @@ stage (tests/test_layers.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autospec.artifacts import read_json
+from autospec.artifacts import read_json, read_parquet
 from autospec.errors import InputError
+from autospec.latency import FaserKind, LinearCoeffs, LinearLatencyModel, PiecewiseLatency
 from autospec.policies.calibrators import Calibrator
 
 LATENCY_COLUMNS = ["model", "phase", "batch", "tokens", "context", "sm_split", "median_s", "mad_s", "repeats"]
 ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_len", "chain_tokens",
                       "confidences", "entropies", "klds", "target_probs", "accept_probs"]
+
+
+LATENCY_MODELS = ("draft", "target")
+# the pass kinds a profile times (profile.time_* and the vLLM runner's profile_latency)
+LATENCY_PHASES = ("decode", "decode_ragged", "decode_plain", "prefill", "round", "step")
+
+
+def _first_bad(frame, problems: list[tuple[Any, str]], path: Path) -> None:
+    """InputError for the first row any (mask, message) check flags, naming the row and the column."""
+    for mask, message in problems:
+        hits = np.flatnonzero(np.asarray(mask, bool))
+        if len(hits):
+            raise InputError(f"row {int(hits[0])}: {message}", path=path, field=message.split(" ", 1)[0])
+
+
+def read_latency_table(run_dir: str | Path) -> pd.DataFrame:
+    """DIR/profile/latency.parquet, its values checked: a hand-edited or corrupted profile is an input
+    error naming the row and the column, never a fit of NaN or negative times (which once hung the
+    simulator, its clock never advancing)."""
+    path = Path(run_dir) / "profile" / "latency.parquet"
+    frame = read_parquet(path, LATENCY_COLUMNS)
+    numbers = {c: pd.to_numeric(frame[c], errors="coerce").to_numpy(float)
+               for c in ("batch", "tokens", "context", "median_s", "mad_s", "repeats")}
+    _first_bad(frame, [
+        (~frame["model"].isin(LATENCY_MODELS), f"model must be one of {', '.join(LATENCY_MODELS)}"),
+        (~frame["phase"].isin(LATENCY_PHASES), f"phase must be one of {', '.join(LATENCY_PHASES)}"),
+        (~(numbers["batch"] >= 1), "batch must be a whole number >= 1"),
+        (~(numbers["tokens"] >= 1), "tokens must be a whole number >= 1"),
+        (~(numbers["context"] >= 0), "context must be >= 0"),
+        (~(np.isfinite(numbers["median_s"]) & (numbers["median_s"] > 0) & (numbers["median_s"] < 60)),
+         "median_s must be a time in (0, 60) s"),
+        (~(numbers["mad_s"] >= 0), "mad_s must be >= 0"),
+        (~(numbers["repeats"] >= 1), "repeats must be >= 1"),
+    ], path)
+    decode = frame[frame["phase"] == "decode"]
+    for model in LATENCY_MODELS:  # every fit starts from a model's decode passes
+        if not (decode["model"] == model).any():
+            raise InputError(f"no decode rows for the {model}: a profile times both models' passes", path=path,
+                             field="phase")
+    return frame
+
+
+def read_acceptance_table(run_dir: str | Path) -> pd.DataFrame:
+    """DIR/profile/acceptance.parquet, its values checked (see read_latency_table): a negative or too
+    long `match_len` once sent the simulator's acceptance replay into an endless loop."""
+    path = Path(run_dir) / "profile" / "acceptance.parquet"
+    frame = read_parquet(path, ACCEPTANCE_COLUMNS)
+    chain = np.array([len(c) if hasattr(c, "__len__") else -1 for c in frame["chain_tokens"]])
+    match = np.asarray(frame["match_len"], float)
+    widths = {c: np.array([len(v) if hasattr(v, "__len__") else -1 for v in frame[c]])
+              for c in ("confidences", "accept_probs")}
+    # probabilities: finite and in [0, 1]
+    probable = {c: np.array([hasattr(v, "__len__") and _probabilities(v) for v in frame[c]])
+                for c in ("confidences", "accept_probs", "target_probs")}
+    named = {c: np.array([isinstance(v, str) and bool(v) for v in frame[c]]) for c in ("prompt_id", "domain")}
+    _first_bad(frame, [
+        *[(~named[c], f"{c} must be a non-empty string") for c in named],
+        (chain < 1, "chain_tokens must be a non-empty list of token ids"),
+        (~((match >= 0) & (match <= chain)), "match_len must be in [0, the chain's length]"),
+        (~(np.asarray(frame["position"], float) >= 0), "position must be >= 0"),
+        *[(widths[c] != chain, f"{c} must have one value per chain token") for c in widths],
+        *[(~probable[c], f"{c} must be probabilities in [0, 1]") for c in probable],
+    ], path)
+    return frame
+
+
+def _probabilities(values: Any) -> bool:
+    v = np.asarray(values, float)
+    return bool(np.all((v >= 0.0) & (v <= 1.0)))  # NaN fails both comparisons
 
 
 class ProfileSettings(BaseModel):
@@ -52,6 +123,40 @@ class ProfileSettings(BaseModel):
         profile (the calibration needs them, see prompts_per_domain), shorter traces."""
         return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256, 512],
                    repeats=5, warmup=2, prompts_per_domain=48, trace_tokens=48, max_prompt_tokens=128)
+
+
+class ProfileMeta(BaseModel):
+    """profile/profile.json: how `autospec profile` measured (validated on read; fields the readers do
+    not use, such as wall_s, are kept in the file and ignored here)."""
+
+    model_config = ConfigDict(extra="ignore")
+    schema_version: int
+    settings: ProfileSettings
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _k_max_recorded(cls, value: Any) -> Any:
+        # the chain length the traces hold is a measurement, not a default: a profile.json without it
+        # cannot say what the acceptance traces recorded
+        if isinstance(value, dict) and "k_max" not in value:
+            raise ValueError("settings.k_max is missing (the draft chain length the acceptance traces hold)")
+        return value
+    engine: Literal["torch", "vllm"] = "torch"
+    device: str = "cpu"
+    prompt_set: dict[str, Any] | None = None  # workloads.prompts.prompt_set_digest of the trace prompts
+
+
+def read_profile_meta(run_dir: str | Path) -> ProfileMeta | None:
+    """DIR/profile/profile.json validated; None when the file is absent (a profile written by hand or
+    before it existed). A malformed one is an InputError naming the file and the field."""
+    path = Path(run_dir) / "profile" / "profile.json"
+    if not path.exists():
+        return None
+    data = read_json(path)
+    try:
+        return ProfileMeta.model_validate(data)
+    except ValidationError as exc:
+        raise InputError.from_validation(exc, path) from None
 
 
 def mad(values: Sequence[float]) -> float:
@@ -88,12 +193,72 @@ def latency_grid(settings: ProfileSettings, catch_up: bool = True,
 # --- fit/models.json -------------------------------------------------------------------------------------
 
 
+# Numbers in fit/models.json, validated on read so that a hand-edited or corrupted file is an input error
+# naming its field, never a simulator whose clock runs backwards, stands still or overflows. Every fitted
+# cost is bounded at 0 by its fit (fit.fit_linear_relative, fit.fit_line_relative); [chosen] 60 s caps a
+# per-token or per-pass cost: no served model spends a minute per token, and 1e308 overflows the clock.
+Seconds = Annotated[float, Field(strict=True, ge=0.0, le=60.0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)]
+
+
+class CoeffsRecord(BaseModel):
+    """latency.LinearCoeffs as stored: AdaSpec's (α, γ, δ) and the simulator clock's extra terms."""
+
+    model_config = ConfigDict(extra="forbid")
+    alpha: Seconds
+    gamma: Seconds
+    delta: Seconds
+    lam: Seconds = 0.0
+    multi: Seconds = 0.0
+    alpha_decode: Seconds | None = None
+    alpha_ragged: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _a_pass_takes_time(self) -> "CoeffsRecord":
+        if self.gamma + self.delta <= 0.0:
+            raise ValueError("gamma + delta must be > 0: a pass over one token would take no time, and the "
+                             "simulated clock would never advance")
+        return self
+
+    def coeffs(self) -> LinearCoeffs:
+        return LinearCoeffs(**self.model_dump())
+
+
+class LinearPair(BaseModel):
+    """A draft/target pair of linear coefficients (latency.LinearLatencyModel.to_dict)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["linear"] = "linear"
+    draft: CoeffsRecord
+    target: CoeffsRecord
+
+    def latency_model(self) -> LinearLatencyModel:
+        return LinearLatencyModel(self.draft.coeffs(), self.target.coeffs())
+
+
+class PiecewiseRecord(BaseModel):
+    """One FASER piecewise model (latency.PiecewiseLatency.to_dict): its coefficients are fitted without
+    bounds (a segment's slope may be negative), so they are only required to be finite."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: FaserKind
+    load: list[Finite] = Field(min_length=1)
+    seg1: list[Finite] = Field(min_length=2, max_length=2)
+    seg2: list[Finite] = Field(min_length=2, max_length=2)
+    knee: Finite | None = None
+
+    def latency(self) -> PiecewiseLatency:
+        return PiecewiseLatency.from_dict(self.model_dump())
+
+
 class PrefillLine(BaseModel):
     """Prefill seconds = per_token_s · (batch · tokens) + fixed_s."""
 
     model_config = ConfigDict(extra="forbid")
-    per_token_s: float
-    fixed_s: float
+    per_token_s: Seconds
+    fixed_s: Seconds
 
     def time(self, tokens: float) -> float:
         return self.per_token_s * tokens + self.fixed_s if tokens > 0 else 0.0
@@ -137,6 +302,14 @@ class CalibrationFit(BaseModel):
     bins: int
     seed: int
 
+    @model_validator(mode="after")
+    def _chosen_is_scored(self) -> "CalibrationFit":
+        if self.chosen not in self.candidates or self.chosen not in self.held_out:
+            raise ValueError(f"chosen calibrator {self.chosen!r} is not among the candidates and their scores")
+        if "identity" not in self.held_out:
+            raise ValueError("held_out has no 'identity' score (the raw confidences, 'before')")
+        return self
+
     @property
     def before(self) -> CalibrationScore:
         return self.held_out["identity"]
@@ -151,38 +324,61 @@ class FitModels(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     schema_version: int
-    k_max: int
-    linear: dict[str, Any]
+    k_max: int = Field(strict=True, ge=1, le=32)
+    linear: LinearPair
     linear_mape: dict[str, float]
     # the simulator's clock: the linear model plus λ·log2(N_b) + μ·[N_b ≥ 2] (latency.LinearCoeffs); absent in fits
     # written before it existed (the simulator then clocks with `linear`)
-    clock: dict[str, Any] | None = None
+    clock: LinearPair | None = None
     clock_mape: dict[str, float] | None = None
     # the target's clock in an engine serving without speculative decoding, from `decode_plain` profile
     # rows (vLLM: a plain engine's step is cheaper than a speculative engine's step with no drafts);
     # None when the profile has none (the torch engine's pass is the same either way)
-    clock_plain: dict[str, Any] | None = None
+    clock_plain: CoeffsRecord | None = None
     clock_plain_mape: float | None = None
     # what a drafting round costs on top of its draft passes, from `round` profile rows (vLLM's proposer:
     # its first pass re-feeds every verified token, and it works outside the passes); None when the
     # profile has none (the torch engine: a round is its passes). `draft_step_mape`: the clock's error
     # on the profile's whole draft steps (K passes + the round) at each profiled K, in-sample
-    clock_draft_round: dict[str, Any] | None = None
+    clock_draft_round: CoeffsRecord | None = None
     clock_draft_round_error: float | None = None
     draft_step_mape: float | None = None
-    piecewise: dict[str, dict[str, Any]]
+    piecewise: dict[str, PiecewiseRecord]
     piecewise_mape: dict[str, float]
-    prefill: dict[str, PrefillLine]
+    prefill: dict[Literal["draft", "target"], PrefillLine]
     prefill_mape: dict[str, float | None]
-    sps: dict[str, list[float]]
+    sps: dict[Literal["tokens", "values"], list[Positive]]  # DSpark's SPS(B): tokens in a pass → speed
     sps_context: int
-    per_position_acceptance: dict[str, list[float]]
-    sts: dict[str, Any]
+    per_position_acceptance: dict[str, list[Probability]]
+    sts: dict[str, Any]  # STS's temperatures and held-out ECE (checked by _sts_is_complete)
     # the calibrator DSpark applies by default and its held-out scores; None in fits written before it
     calibration: CalibrationFit | None = None
     holdout: float
     seed: int
     points: dict[str, int]
+
+
+    @field_validator("sts")
+    @classmethod
+    def _sts_is_complete(cls, sts: dict[str, Any]) -> dict[str, Any]:
+        temps = sts.get("temperatures")
+        if not isinstance(temps, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                  and 0 < t < float("inf") for t in temps):
+            raise ValueError("sts.temperatures must be a list of positive numbers")
+        for key in ("ece_before", "ece_after"):
+            value = sts.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
+                raise ValueError(f"sts.{key} must be a number in [0, 1]")
+        return sts
+
+    @model_validator(mode="after")
+    def _tables_are_whole(self) -> "FitModels":
+        if set(self.prefill) != {"draft", "target"}:
+            raise ValueError("prefill needs a line for both the draft and the target")
+        tokens, values = self.sps.get("tokens"), self.sps.get("values")
+        if not tokens or values is None or len(tokens) != len(values):
+            raise ValueError("sps needs 'tokens' and 'values' of one non-zero length")
+        return self
 
 
 def read_fit_models(run_dir: str | Path) -> FitModels:
@@ -194,5 +390,4 @@ def read_fit_models(run_dir: str | Path) -> FitModels:
     try:
         return FitModels.model_validate(data)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(e["msg"], path=path, field=".".join(map(str, e["loc"]))) from None
+        raise InputError.from_validation(exc, path) from None

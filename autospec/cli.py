@@ -24,18 +24,44 @@ from rich.markup import escape
 from rich.table import Table
 
 from autospec import __version__
-from autospec.artifacts import build_manifest, write_json, write_text
-from autospec.config import EngineSpec, GenerateSpec, PairSpec, RunSpec, SloSpec, dump_run_spec, load_run_spec
-from autospec.errors import InputError
+from autospec.artifacts import build_manifest, check_output, read_json, write_json, write_text
+from autospec.config import (
+    EngineSpec,
+    GenerateSpec,
+    PairSpec,
+    RunSpec,
+    SloSpec,
+    check_device,
+    dump_run_spec,
+    load_run_spec,
+    public_run_config,
+)
+from autospec.errors import InputError, Interrupted
 from autospec.gate import append_step_summary, parse_fraction, run_gate
 from autospec.progress import format_duration, parse_duration, reporter
 from autospec.workloads.default_prompts import bundled_prompt_sets
 from autospec.workloads.prompts import load_prompts, prompt_set_digest
 
+try:  # typer >= 0.2x vendors click as typer._click and raises its exceptions; older typer raises click's
+    from typer._click.exceptions import ClickException as _TyperClickException
+    from typer._click.exceptions import NoArgsIsHelpError as _TyperNoArgs
+    from typer._click.exceptions import UsageError as _TyperUsageError
+except ImportError:  # pragma: no cover - an older typer
+    from click.exceptions import ClickException as _TyperClickException
+    from click.exceptions import NoArgsIsHelpError as _TyperNoArgs
+    from click.exceptions import UsageError as _TyperUsageError
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Benchmark and autotune speculative decoding for LLM serving.")
 out = Console()
 err = Console(stderr=True)
+
+
+def say_error(text: str) -> None:
+    """One line on stderr, whatever the text holds: a path with a byte that is not UTF-8 (Python keeps it
+    as a lone surrogate) is shown escaped instead of failing the print with UnicodeEncodeError."""
+    line = " ".join(text.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def fail_cleanly(fn):
@@ -46,8 +72,11 @@ def fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except InputError as exc:
-            err.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
+            say_error(f"error: {exc.one_line()}")
             raise typer.Exit(2) from None
+        except Interrupted as exc:
+            say_error(str(exc))
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -116,10 +145,11 @@ def _generate(spec, as_json: bool, out_dir: Path | None) -> dict:
         random_vocab,
         strategy_spec,
     )
-    from autospec.strategy import build_strategy, calibration_flags, uncalibrated_warnings
+    from autospec.strategy import build_strategy, calibration_flags, check_k_max, uncalibrated_warnings
 
     g = spec.generate
     strat_spec = strategy_spec(g.strategy, g.k)
+    check_k_max(strat_spec, spec.engine.k_max)
     uncalibrated_warnings([strat_spec], None)  # generate has no fit: DSpark ranks by raw confidences, say so
     dataset = g.dataset_selection()
     vocab = random_vocab(load_tokenizer(spec.pair.target)) if dataset is not None and dataset.needs_vocab else None
@@ -205,7 +235,7 @@ def generate(
                                           "a Hugging Face id org/name or org/name@revision"),
     draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     compare: bool = typer.Option(False, "--compare", help="also run K=0 and report the speed-up"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="write a run directory here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
@@ -218,7 +248,10 @@ def generate(
             raise InputError(f"{name} must be >= {low}, got {value}", field=name)
     if temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {temperature}", field="temperature")
+    check_device(device)
     _check_dataset_flags(dataset, dataset_path, prompts, random_input_len, random_range_ratio)
+    if out_dir is not None:
+        check_output(out_dir, directory=True)
     try:
         pair = PairSpec(allow_download=allow_download)
         if target is not None:
@@ -259,12 +292,14 @@ def run(
     """The main job: profile → fit → tune → evaluate → report (a config's `stages` choose; a config with
     only [generate] runs SD generation). Default: the bundled pair on the bundled bursty workload."""
     budget = None if time_budget is None else parse_duration(time_budget, option="--time-budget")
+    check_output(out_dir, directory=True)
     spec = load_run_spec(config) if config is not None else RunSpec()
     if budget is not None:
         spec.tune.time_budget = budget  # recorded in config.toml and the manifest
     if allow_download:
         spec.pair.allow_download = True
         spec.generate.allow_download = True
+    check_device(spec.engine.device, "engine.device")
     # hub ids → directories once, before any work, for the stages that load the models
     if {"generate", "profile", "tune", "evaluate"} & set(spec.stages) and not (
             spec.profile.reuse is not None and set(spec.stages) <= {"profile", "fit", "report"}):
@@ -280,7 +315,7 @@ def run(
                               say=lambda m: err.print(m, highlight=False, markup=False))
     write_text(out_dir / "config.toml", dump_run_spec(spec))
     write_json(out_dir / "manifest.json", build_manifest(
-        {"command": "run", **spec.model_dump(mode="json")}, seed=spec.engine.seed,
+        {"command": "run", **public_run_config(spec)}, seed=spec.engine.seed,
         models={"target": spec.pair.target, "draft": spec.pair.draft}, inputs=[spec.workload],
         prompt_set=_profiled_prompt_set(out_dir)))
     if as_json:
@@ -290,9 +325,11 @@ def run(
 
 
 def _profiled_prompt_set(run_dir: Path) -> dict | None:
-    """The digest of the prompts behind the run's acceptance traces (profile/profile.json), if recorded."""
+    """The digest of the prompts behind the run's acceptance traces (profile/profile.json), if recorded
+    (the fit stage has validated the file by now: calibration.read_profile_meta)."""
     path = run_dir / "profile" / "profile.json"
-    return json.loads(path.read_text()).get("prompt_set") if path.is_file() else None
+    prompt_set = read_json(path).get("prompt_set") if path.is_file() else None
+    return prompt_set if isinstance(prompt_set, dict) else None
 
 
 def _budget_line(run: dict) -> str:
@@ -361,7 +398,7 @@ def profile(
                                           "a Hugging Face id org/name or org/name@revision"),
     draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
                                                      help="acceptance-trace prompts per domain (default "
                                                           "48, also with --quick: the calibration is held "
@@ -387,6 +424,8 @@ def profile(
     """Measure draft/target step latency and record acceptance traces."""
     if not 1 <= k_max <= 32:
         raise InputError(f"--k-max must be in 1..32, got {k_max}", field="k-max")
+    check_output(out_dir, directory=True)
+    check_device(device)
     splits: list[float] = []
     if sm_split:
         from autospec.engines.sm_split import parse_fractions, require_cuda  # torch
@@ -441,12 +480,14 @@ def _print_profile(result, out_dir: Path) -> None:
 @fail_cleanly
 def fit(
     run_dir: Path = typer.Argument(..., help="run directory holding profile/ (from `autospec profile`)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the held-out folds (latency rows; prompts for calibration)"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="seed of the held-out folds (latency rows; "
+                             "prompts for calibration)"),
 ) -> None:
     """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and the acceptance calibration (STS,
     isotonic, Platt; the lowest held-out ECE is DSpark's) to a profile."""
     from autospec.fit import fit_profile, write_fit
 
+    check_output(run_dir / "fit", directory=True, field="run-dir")
     models = fit_profile(run_dir, seed=seed)
     path = write_fit(run_dir, models)
     table = Table(title="autospec fit (5-fold cross-validated errors)")
@@ -463,10 +504,9 @@ def fit(
     table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",
                   f"{models.piecewise_mape['target']:.1%}")
     for name in ("draft", "target"):
-        c = models.linear[name]
-        table.add_row(f"{name} α / γ / δ", *(["", f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}"]
-                                           if name == "target" else
-                                           [f"{c['alpha']:.3g} / {c['gamma']:.3g} / {c['delta']:.3g}", ""]))
+        c = getattr(models.linear, name)
+        coeffs = f"{c.alpha:.3g} / {c.gamma:.3g} / {c.delta:.3g}"
+        table.add_row(f"{name} α / γ / δ", *(["", coeffs] if name == "target" else [coeffs, ""]))
     table.add_row("STS ECE before → after", "", f"{models.sts['ece_before']:.3f} → {models.sts['ece_after']:.3f}")
     cal = models.calibration
     if cal is not None:  # held out by prompt (fit.fit_calibration); [95% CI, prompts resampled]
@@ -508,7 +548,7 @@ def evaluate(
     allow_download: bool = typer.Option(False, "--allow-download", help="fetch a --target/--draft id missing "
                                         "from the local Hugging Face cache"),
     device: str = typer.Option("cpu", "--device"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     capacity: bool = typer.Option(True, "--capacity/--no-capacity", help="search each strategy's capacity at "
                                   "the SLO (--engine sim: ~10 replays per strategy and repeat)"),
     capacity_target: float = typer.Option(0.9, "--capacity-target", help="SLO attainment the capacity load "
@@ -531,6 +571,9 @@ def evaluate(
         raise InputError("--strategies lists no strategy", field="strategies")
     if engine not in ("torch", "sim", "vllm"):
         raise InputError(f"unknown engine {engine!r}; use torch, sim or vllm", field="engine")
+    check_output(out_dir, directory=True)
+    if engine != "sim":
+        check_device(device)
     flags: dict = dict(workload=workload, strategies=names, engine=engine, profile=profile_dir, repeats=repeats,
                        slo=_slo_flags(slo_ttft, slo_tpot),
                        max_batch=max_batch, kv_budget_tokens=kv_budget, temperature=temperature, k_max=k_max,
@@ -601,7 +644,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
                   "(--engine sim).", soft_wrap=True)
     if summary.get("shift"):
         out.print(_shift_line(summary["shift"]), soft_wrap=True)
-    warnings = ((summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"))
+    warnings = ((summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"),
+                (summary.get("host_load") or {}).get("note"))
     for warning in warnings:
         if warning:
             out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
@@ -631,6 +675,9 @@ def gate(
     allow_different: bool = typer.Option(False, "--allow-different", help="compare evaluations whose set-up "
                                          "differs (workload, engine, SLO, models, prompt set, hardware); the "
                                          "differences are printed"),
+    allow_disturbed: bool = typer.Option(False, "--allow-disturbed", help="compare a real-engine evaluation "
+                                         "measured on a disturbed host (busy with other processes, or off its "
+                                         "profiled speed: its summary's `disturbed`); refused by default"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict as one JSON object"),
 ) -> None:
     """Gate a candidate against a baseline: exit 0 pass, 1 regression or acceptance collapse, 2 bad input."""
@@ -644,7 +691,7 @@ def gate(
                        max_acceptance_drop=parse_fraction(max_acceptance_drop, option="max-acceptance-drop",
                                                           allow_one=True),
                        collapse_floor=collapse_floor, strategies=split(strategy),
-                       allow_different=allow_different)
+                       allow_different=allow_different, allow_disturbed=allow_disturbed)
     markdown = verdict.markdown()
     sys.stdout.write((verdict.model_dump_json() + "\n") if as_json else markdown)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -667,6 +714,7 @@ def report(
     """One self-contained HTML report (opens offline) plus summary.md from a run directory."""
     from autospec.report.build import write_report
 
+    check_output(out_file if out_file is not None else run_dir / "report.html", directory=False)
     path = write_report(run_dir, out_file)
     out.print(f"report written to {path} ({path.stat().st_size / 2**20:.1f} MiB) and {path.parent / 'summary.md'}",
               soft_wrap=True)
@@ -716,7 +764,7 @@ def tune(
     time_budget: Optional[str] = typer.Option(None, "--time-budget", help="start no trial after this much "
                                               "search time (seconds, or 90s, 20m, 1h); the summary says how many "
                                               "ran, and the same command continues the study"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     as_json: bool = typer.Option(False, "--json", help="print tune/summary.json as one JSON object"),
 ) -> None:
     """Search strategies and knobs with Optuna on the simulator; writes tune/ and deploy/."""
@@ -725,6 +773,7 @@ def tune(
     names = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     if names is not None and not names:
         raise InputError("the search space is empty: --strategies lists no strategy", field="strategies")
+    check_output(out_dir, directory=True)
     from autospec.tune import run_tune, spec_from_flags
 
     spec = spec_from_flags(workload=workload, profile=profile_dir, trials=trials, storage=storage,
@@ -818,5 +867,30 @@ def version() -> None:
     out.print(__version__)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The console script (`autospec`, `python -m autospec`): the Typer app, with click's own errors — an
+    unknown command or flag, a missing argument, a flag value of the wrong type — held to the same contract
+    as InputError (one line naming the flag and the problem, exit code 2; click's default is a boxed
+    multi-line usage screen). Ctrl-C ends with exit code 130 (typer's own handling; `tune` prints how to
+    resume through Interrupted)."""
+    try:
+        code = app(args=argv, prog_name="autospec", standalone_mode=False)
+    except _TyperNoArgs as exc:  # `autospec` alone (no_args_is_help): the help, as typer shows it
+        err.print(exc.format_message(), markup=False, highlight=False)
+        return 2
+    except _TyperUsageError as exc:  # also BadParameter, NoSuchOption, MissingParameter
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        say_error(f"error: {exc.format_message()}{where}")
+        return 2
+    except _TyperClickException as exc:
+        say_error(f"error: {exc.format_message()}")
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        say_error("interrupted")
+        return 130
+    # standalone_mode=False: typer returns an Exit's code, else the command's return value (None)
+    return code if isinstance(code, int) else 0
+
+
 if __name__ == "__main__":
-    app()
+    sys.exit(main())

@@ -8,7 +8,7 @@ bundled prompt domains). Unknown keys are errors, so a typo never silently falls
 
 from __future__ import annotations
 
-import tomllib
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -16,12 +16,22 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_toml, read_text_file
 from autospec.hub import looks_like_hub_id, resolve_pair
 from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
 from autospec.progress import parse_duration
 
 SCHEMA_VERSION = 1
+DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?|mps)$"  # the torch devices an engine may run on
+
+
+def redact_url(url: str) -> str:
+    """A storage URL with its password replaced by *** (`postgresql://user:***@host/db`, and a
+    `password=` query parameter): what autospec writes wherever it records a URL — tune/summary.json,
+    config.toml, manifest.json, and so the report — since run directories are shared and published.
+    Give the password to the database driver another way (PGPASSWORD, ~/.pgpass) to re-run from them."""
+    url = re.sub(r"(://[^/?#@:]*:)[^/?#@]*@", r"\1***@", url)
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
 
 
 class _Model(BaseModel):
@@ -55,11 +65,26 @@ class EngineSpec(_Model):
     then profiles, confirms and evaluates on vLLM; `dtype` and `threads` are the torch engine's)."""
 
     kind: Literal["torch", "vllm"] = "torch"
-    device: str = "cpu"
+    # a torch device: cpu, cuda or cuda:N, mps (any other name fails inside torch with a traceback)
+    device: str = Field("cpu", pattern=DEVICE_PATTERN)
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     k_max: int = Field(8, ge=1, le=32)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and torch's seed range
     threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch's default
+
+
+def check_device(device: str, field: str = "device") -> None:
+    """A torch device autospec can run on, before any model is loaded: a known name, and a CUDA device
+    that exists (torch otherwise fails deep inside the engine with a traceback)."""
+    if re.fullmatch(DEVICE_PATTERN, device) is None:
+        raise InputError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps", field=field)
+    if device.startswith("cuda"):
+        import torch  # lazily: only a CUDA request pays for it here
+
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise InputError(f"{device}: no such CUDA device on this machine "
+                             f"({torch.cuda.device_count()} visible)", field=field)
 
 
 class GenerateSpec(_Model):
@@ -169,7 +194,7 @@ class RunSpec(_Model):
     # Which stages run, in order. Default: the pipeline; a config with only a [generate] table keeps
     # the generate-only run it always meant.
     stages: list[Literal["generate", "profile", "fit", "tune", "evaluate", "report"]] = Field(
-        default_factory=lambda: list(PIPELINE))
+        default_factory=lambda: list(PIPELINE), min_length=1)
     pair: PairSpec = PairSpec()
     engine: EngineSpec = EngineSpec()
     generate: GenerateSpec = GenerateSpec()
@@ -192,14 +217,7 @@ class RunSpec(_Model):
 def load_run_spec(path: str | Path) -> RunSpec:
     """Read a run config TOML; relative paths inside it are resolved against the file's folder."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError("config file not found", path=path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("config file is not UTF-8 text", path=path) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"invalid TOML: {exc}", path=path) from None
+    data = parse_toml(read_text_file(path, "config file"), path=path)
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as err:
@@ -232,7 +250,15 @@ def _model_path(base: Path, p: Path) -> Path:
 
 
 def dump_run_spec(spec: RunSpec) -> str:
-    data = spec.model_dump(mode="json", exclude_none=True)
+    data = public_run_config(spec, exclude_none=True)
     # [chosen] hub models under the name the user gave (portable); manifest.json pins the snapshot used
     data["pair"].update(spec.pair.hub_names)
     return tomli_w.dumps(data)
+
+
+def public_run_config(spec: RunSpec, **dump: Any) -> dict[str, Any]:
+    """The run config as it is written into a run directory: the tune storage URL without its password."""
+    data = spec.model_dump(mode="json", **dump)
+    if (data.get("tune") or {}).get("storage"):
+        data["tune"]["storage"] = redact_url(data["tune"]["storage"])
+    return data

@@ -6,10 +6,13 @@ one-line message and exits with code 2, without a traceback.
 
 from __future__ import annotations
 
+import json
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "Interrupted", "parse_json", "parse_toml", "read_text_file"]
 
 
 class InputError(Exception):
@@ -63,3 +66,53 @@ class InputError(Exception):
             where = f"{where} [{self.field}]" if where else f"[{self.field}]"
         text = f"{where}: {self.problem}" if where else self.problem
         return " ".join(text.split())  # always one line
+
+
+class Interrupted(Exception):
+    """The user stopped a command (Ctrl-C) where it can say what it kept and how to go on; the CLI prints
+    the message on one line and exits with 130 (128 + SIGINT), as a shell does for an interrupted job."""
+
+
+def parse_json(text: str, *, path: str | Path | None = None, line: int | None = None) -> Any:
+    """json.loads with its failures as InputError: malformed JSON (with its line, offset by `line` when
+    the text is one line of a file), and nesting too deep for the parser — JSON nested a hundred
+    thousand deep makes Python's decoder raise RecursionError, which no reader should see."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = exc.lineno if line is None else line + exc.lineno - 1
+        raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", path=path, line=at) from None
+    except RecursionError:
+        raise InputError("not valid JSON: nested too deeply", path=path, line=line) from None
+
+
+def parse_toml(text: str, *, path: str | Path | None = None) -> dict[str, Any]:
+    """tomllib.loads with its failures as InputError: a syntax error with its line, and arrays or inline
+    tables nested too deep for the parser (RecursionError)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise InputError(f"invalid TOML ({exc})", path=path, line=int(match.group(1)) if match else None) from None
+    except RecursionError:
+        raise InputError("invalid TOML: nested too deeply", path=path) from None
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """A small text file the user names (a config, a preset) as UTF-8: InputError for a missing path, a
+    directory or a pipe (whose read would block for ever), an unreadable file, a name the OS refuses
+    (too long) and a byte that is not UTF-8 (with its line)."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            raise InputError(f"{what} not found", path=path)
+        if not path.is_file():
+            raise InputError(f"{what} is not a regular file", path=path)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", path=str(path)[:200]) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x})", path=path,
+                         line=data.count(b"\n", 0, exc.start) + 1) from None

@@ -72,7 +72,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from autospec.artifacts import build_manifest, write_json, write_parquet
+from autospec.artifacts import build_manifest, staged_dir, write_json, write_parquet
 from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
 from autospec.engines.base import StepClock, TrueMatchLength, offers
@@ -87,8 +87,8 @@ from autospec.serving.metrics import Slo, compute_metrics, per_position_acceptan
 from autospec.serving.records import ServeRecords, ServeRequest, SyntheticPrompt
 from autospec.serving.replay import Replay, closed_loop_requests, sim_replay, trace_requests
 from autospec.serving.shift import shift_table
-from autospec.strategy import SpecFieldError, StrategySpec, load_preset, reads_the_future
-from autospec.telemetry import TelemetrySampler
+from autospec.strategy import SpecFieldError, StrategySpec, check_k_max, load_preset, reads_the_future
+from autospec.telemetry import HostLoadMeter, TelemetrySampler
 from autospec.workloads.spec import load_workload
 from autospec.workloads.trace import Trace
 
@@ -119,7 +119,7 @@ class EvaluateSpec(BaseModel):
     strategies: list[str] = Field(min_length=1)
     engine: Literal["torch", "sim", "vllm"] = "torch"
     profile: Path | None = None
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=1000)  # [chosen] a bound: 1e12 repeats once ran until killed
     slo: Slo = Slo()  # config.SloSpec's default
     max_batch: int = Field(8, ge=1)
     kv_budget_tokens: int | None = Field(None, ge=1)  # None = no KV limit beyond the engine's memory
@@ -181,6 +181,10 @@ def resolve_strategies(names: list[str]) -> tuple[list[StrategySpec], str]:
     baseline = next((s for s in specs if s.length.policy == "none"), None)
     if baseline is None:
         baseline = load_preset(BASELINE)
+        shadow = next((s for s in specs if s.name == baseline.name), None)
+        if shadow is not None:  # a drafting preset named no-sd would merge with the real baseline's rows
+            raise InputError(f"a strategy that drafts ({shadow.length.policy}) is named {shadow.name!r}, the name "
+                             "of the no-SD baseline evaluate adds; rename it", field="strategies")
         specs.insert(0, baseline)
     return specs, baseline.name
 
@@ -232,6 +236,11 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
 
     engine = build_engine(pair, EngineSpec(device=device, k_max=k_max, seed=seed), temperature)
     requests = trace_requests(trace, _torch_prompts(trace, engine, pair))
+    for request in requests:  # before any run: a request past the models' context window is refused
+        try:
+            engine.check_fits(len(request.prompt), request.max_tokens)
+        except InputError as exc:
+            raise InputError(f"request {request.req_id}: {exc.problem}", field="workload") from None
     if latency_model is None and any(_needs_latency_model(s) for s in strategies):
         latency_model = (load_fit(profile).latency_model if profile is not None
                          else quick_latency_model(engine))
@@ -304,6 +313,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     Every input problem raises InputError before anything is written.
     """
     strategies, baseline = resolve_strategies(spec.strategies)
+    for strat in strategies:
+        check_k_max(strat, spec.k_max)
     trace = load_workload(spec.workload)
     capacity_of: CapacityFn | None = None
     shift_of: ShiftFn | None = None
@@ -320,6 +331,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     first_capacity: dict[str, Capacity] = {}
     host_speed: dict[str, list[float]] = {s.name: [] for s in strategies}  # before/after each real run
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
+    # the host's CPU load while a real engine is timed (telemetry.HostLoadMeter); the simulator needs none
+    load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
     try:
         for repeat in range(spec.repeats):
             for strat in strategies:
@@ -347,6 +360,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         shift = shift_of(first_records, first_capacity) if shift_of is not None else None
     finally:
         telemetry = sampler.stop()
+        host_load = load_meter.stop() if load_meter is not None else None
     for runs in metrics.values():
         for one, base in zip(runs, metrics[baseline]):
             one.update(relative_to_baseline(one, base))
@@ -375,11 +389,15 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
         "capacity_note": CLOSED_LOOP_CAPACITY_NOTE if spec.closed_loop else None,
         # the host's speed against the profile's around each real run (autospec.profile.HostSpeedCheck)
         "host_speed": host_speed_summary(host_speed),
+        # other processes' CPU share, steal and load average while the real engine ran (HostLoadMeter)
+        "host_load": host_load,
         # every strategy at ±30% load and prompt-mix shifts, repeat 0 (autospec.serving.shift); the report
         # computes the recommendation's regret from it
         "shift": shift,
         "shift_skipped": None if shift is not None else _shift_skipped(spec),
     }
+    # one flag for every reader (the CLI, the report, autospec gate): the real figures are not the host's own
+    summary["disturbed"] = measurement_disturbed(summary)
     result = EvalResult(summary, pd.concat(request_frames, ignore_index=True),
                         pd.concat(step_frames, ignore_index=True), telemetry)
     # which simulated figures rest on shapes the profile never measured (autospec.serving.coverage)
@@ -477,6 +495,12 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
             shift_of if measure and spec.shift else None)
 
 
+def measurement_disturbed(summary: dict[str, Any]) -> bool:
+    """Whether a summary's real-engine measurements ran on a disturbed host: the engine's own probe off
+    its profiled speed (host_speed) or other processes busy on the CPU (host_load)."""
+    return any(bool((summary.get(key) or {}).get("disturbed")) for key in ("host_speed", "host_load"))
+
+
 def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
     """{tolerance, ratios by strategy, range, disturbed, note}: whether the host ran the real engine at the
     speed it was profiled at (`autospec.profile.HostSpeedCheck`); None when no run was checked (the
@@ -528,12 +552,12 @@ def _mean_positions(runs: list[list[float | None]]) -> list[float | None]:
 
 
 def _write_artifacts(out_dir: Path, spec: EvaluateSpec, result: EvalResult) -> None:
-    eval_dir = Path(out_dir) / "eval"
-    write_parquet(eval_dir / "requests.parquet", result.requests)
-    write_parquet(eval_dir / "steps.parquet", result.steps)
-    write_json(eval_dir / "summary.json", result.summary)
-    if result.telemetry is not None:
-        write_json(eval_dir / "telemetry.json", result.telemetry)
+    with staged_dir(Path(out_dir) / "eval") as eval_dir:
+        write_parquet(eval_dir / "requests.parquet", result.requests)
+        write_parquet(eval_dir / "steps.parquet", result.steps)
+        write_json(eval_dir / "summary.json", result.summary)
+        if result.telemetry is not None:
+            write_json(eval_dir / "telemetry.json", result.telemetry)
     models = {"target": spec.pair.target, "draft": spec.pair.draft} if spec.engine in ("torch", "vllm") else {}
     write_json(Path(out_dir) / "manifest.json",
                build_manifest(spec.model_dump(mode="json"), seed=spec.seed, models=models, inputs=[spec.workload]))

@@ -33,7 +33,6 @@ in memory when fit/ is absent); the engine itself takes only the fitted data.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,17 +40,18 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from autospec.artifacts import read_json, write_json
+from autospec.artifacts import write_json
 
 # fit/models.json's schema (re-exported: callers import it from here)
 from autospec.calibration import (
-    ACCEPTANCE_COLUMNS,
-    LATENCY_COLUMNS,
     CalibrationFit,
     CalibrationScore,
     FitModels,
     PrefillLine,
+    read_acceptance_table,
     read_fit_models,
+    read_latency_table,
+    read_profile_meta,
 )
 from autospec.config import SCHEMA_VERSION
 from autospec.engines.sim import AcceptanceTraces, SimCosts, SimEngine
@@ -76,7 +76,6 @@ from autospec.policies.calibrators import (
     survival_labels,
 )
 from autospec.policies.sts import StsCalibration, ece
-from autospec.profile import read_parquet
 from autospec.serving.coverage import ProfiledGrid
 
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
@@ -91,22 +90,22 @@ class FitResult:
 
     @property
     def latency_model(self) -> LinearLatencyModel:
-        return LinearLatencyModel.from_dict(self.models.linear)
+        return self.models.linear.latency_model()
 
     @property
     def clock_model(self) -> LinearLatencyModel:
         """The simulator's clock (FitModels.clock), or the linear model for an older fit."""
-        return LinearLatencyModel.from_dict(self.models.clock or self.models.linear)
+        return (self.models.clock or self.models.linear).latency_model()
 
     @property
     def plain_target_clock(self) -> LinearCoeffs | None:
         """FitModels.clock_plain as coefficients (None when the profile had no plain-engine rows)."""
-        return LinearCoeffs(**self.models.clock_plain) if self.models.clock_plain else None
+        return self.models.clock_plain.coeffs() if self.models.clock_plain else None
 
     @property
     def draft_round_clock(self) -> LinearCoeffs | None:
         """FitModels.clock_draft_round as coefficients (None when the profile had no round rows)."""
-        return LinearCoeffs(**self.models.clock_draft_round) if self.models.clock_draft_round else None
+        return self.models.clock_draft_round.coeffs() if self.models.clock_draft_round else None
 
     @property
     def sps(self) -> tuple[list[int], list[float]]:
@@ -114,13 +113,13 @@ class FitResult:
 
     @property
     def piecewise(self) -> dict[str, PiecewiseLatency]:
-        return {k: PiecewiseLatency.from_dict(v) for k, v in self.models.piecewise.items()}
+        return {k: v.latency() for k, v in self.models.piecewise.items()}
 
     @property
     def faser(self) -> FaserModels | None:
         """FASER's models as the serving step and engines use them (frontier chunk "auto", the
         simulator's overlapped timing, early exit's Eq. 10 times); None without draft and target fits."""
-        return FaserModels.from_dict(self.models.piecewise)
+        return FaserModels.from_dict({k: v.model_dump() for k, v in self.models.piecewise.items()})
 
     @property
     def prefill(self) -> dict[str, PrefillLine]:
@@ -589,13 +588,12 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
     prof = Path(run_dir) / "profile"
     if not prof.is_dir():
         raise InputError("no profile folder (run `autospec profile --out DIR` first)", path=prof)
-    meta = read_json(prof / "profile.json")
-    latency = read_parquet(prof / "latency.parquet", LATENCY_COLUMNS)
-    acceptance = read_parquet(prof / "acceptance.parquet", ACCEPTANCE_COLUMNS)
-    try:
-        k_max = int(meta["settings"]["k_max"])
-    except (KeyError, TypeError, ValueError):
-        raise InputError("profile.json has no settings.k_max", path=prof / "profile.json") from None
+    meta = read_profile_meta(run_dir)
+    if meta is None:
+        raise InputError("file not found (it records the profile's settings)", path=prof / "profile.json")
+    latency = read_latency_table(run_dir)
+    acceptance = read_acceptance_table(run_dir)
+    k_max = meta.settings.k_max
     lat = fit_latency(latency, seed)
     tokens, values, ctx = sps_table(latency)
     conf = chain_matrix(acceptance, "confidences", k_max)
@@ -642,7 +640,7 @@ def load_fit(run_dir: str | Path) -> FitResult:
 def profiled_grid(run_dir: Path) -> ProfiledGrid:
     """The largest shapes the run directory's profile measured (the target's passes): what the
     simulator replays without extrapolating (`autospec.serving.coverage`)."""
-    latency = read_parquet(Path(run_dir) / "profile" / "latency.parquet", LATENCY_COLUMNS)
+    latency = read_latency_table(run_dir)
     target = latency[latency["model"] == "target"]
     decode, prefill = target[target["phase"] == "decode"], target[target["phase"] == "prefill"]
 
@@ -655,12 +653,13 @@ def profiled_grid(run_dir: Path) -> ProfiledGrid:
 
 
 def profiled_engine(run_dir: Path) -> str:
-    """The engine a run directory's profile measured ("torch" when profile.json does not say)."""
-    try:
-        meta = json.loads((Path(run_dir) / "profile" / "profile.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "torch"
-    return str(meta.get("engine") or "torch")
+    """The engine a run directory's profile measured (profile.json's `engine`; the simulator takes its step
+    structure from it, so a profile without profile.json is refused rather than guessed)."""
+    meta = read_profile_meta(run_dir)
+    if meta is None:
+        raise InputError("file not found (it records the engine and grid the profile measured)",
+                         path=Path(run_dir) / "profile" / "profile.json")
+    return meta.engine
 
 
 def sim_costs(fit: FitResult) -> SimCosts:
@@ -697,7 +696,7 @@ class FittedSimEngine(SimEngine):
             fit = load_fit(fit_path)
         else:
             fit = FitResult(fit_profile(root))
-        frame = read_parquet(root / "profile" / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+        frame = read_acceptance_table(root)
         kind = profiled_engine(root)
         engine = cls(AcceptanceTraces(frame, fit.models.k_max), sim_costs(fit), k_max=k_max,
                      temperature=temperature, seed=seed, fused_prefill=kind == "vllm", padded_batches=kind == "torch")

@@ -57,11 +57,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from autospec.artifacts import read_json_object
 from autospec.config import SCHEMA_VERSION
 from autospec.errors import InputError
+from autospec.summaries import check_eval_summary
 
 Direction = Literal["higher", "lower"]
 Status = Literal["pass", "improved", "within noise", "skipped", "missing", "regression", "collapse"]
@@ -105,6 +106,9 @@ def metric_direction(name: str) -> Direction | None:
     return None
 
 
+MAX_METRIC = 1e15  # [chosen] past any rate, time or token count a benchmark records
+
+
 def parse_fraction(text: str | float, *, option: str, allow_one: bool = False) -> float:
     """'5%' or '0.05' → 0.05; anything else (words, negatives, ≥ 100%) is an InputError."""
     raw = str(text).strip()
@@ -142,7 +146,7 @@ class GateSettings(BaseModel):
     max_regression: float = Field(DEFAULT_MAX_REGRESSION, ge=0)
     noise: float = Field(DEFAULT_NOISE, ge=0)
     max_acceptance_drop: float = Field(DEFAULT_MAX_ACCEPTANCE_DROP, ge=0, le=1)
-    collapse_floor: float = Field(DEFAULT_COLLAPSE_FLOOR, ge=1)
+    collapse_floor: float = Field(DEFAULT_COLLAPSE_FLOOR, ge=1, allow_inf_nan=False)
     strategies: list[str] | None = None
 
 
@@ -162,6 +166,17 @@ class Check(BaseModel):
     @property
     def failed(self) -> bool:
         return self.status in FAILING
+
+
+def md_escape(text: str) -> str:
+    """User-supplied text (strategy names, paths, reasons) as literal markdown: every character GitHub's
+    renderer would read as table, emphasis, link, code or HTML syntax is backslash-escaped, `<`/`>`/`&`
+    become entities and line breaks spaces — a strategy named `a|b` or `<img src=x>` cannot break the
+    table or inject markup into $GITHUB_STEP_SUMMARY."""
+    text = " ".join(str(text).split())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # an underscore inside a word (tpot_mean) is not emphasis in GitHub's markdown: left as it is
+    return re.sub(r"[\\`*{}\[\]|~$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])", lambda m: "\\" + m.group(0), text)
 
 
 class GateVerdict(BaseModel):
@@ -184,7 +199,7 @@ class GateVerdict(BaseModel):
         failed = [c for c in self.checks if c.failed]
         head = "PASS" if self.passed else f"FAIL ({len(failed)} of {len(self.checks)} checks)"
         lines = [f"## autospec gate: {head}", "",
-                 f"baseline `{self.baseline}` · candidate `{self.candidate}` · max regression "
+                 f"baseline {md_escape(self.baseline)} · candidate {md_escape(self.candidate)} · max regression "
                  f"{s.max_regression:.1%} · noise floor {s.noise:.1%}"
                  + (f" · acceptance collapse: drop > {s.max_acceptance_drop:.0%} or τ ≤ {s.collapse_floor:g}"
                     if self.kind == "summary" else ""), "",
@@ -194,15 +209,16 @@ class GateVerdict(BaseModel):
             arrow = "↑" if c.direction == "higher" else "↓"
             metric = f"{c.metric} {arrow}" + (" (collapse check)" if c.kind == "collapse" else "")
             change = "–" if c.change is None else f"{c.change:+.1%}"
-            verdict = f"**{c.status.upper()}**: {c.reason}" if c.failed else f"{c.status}: {c.reason}"
-            lines.append(f"| {c.strategy} | {metric} | {c.baseline.text()} | {c.candidate.text()} | {change} "
-                         f"| {verdict} |")
+            reason = md_escape(c.reason)
+            verdict = f"**{c.status.upper()}**: {reason}" if c.failed else f"{c.status}: {reason}"
+            lines.append(f"| {md_escape(c.strategy)} | {md_escape(metric)} | {c.baseline.text()} | "
+                         f"{c.candidate.text()} | {change} | {verdict} |")
         extra = []
         if self.only_in_baseline:
-            extra.append(f"only in the baseline (not gated): {', '.join(self.only_in_baseline)}")
+            extra.append(f"only in the baseline (not gated): {', '.join(map(md_escape, self.only_in_baseline))}")
         if self.only_in_candidate:
-            extra.append(f"only in the candidate (not gated): {', '.join(self.only_in_candidate)}")
-        extra.extend(self.notes)
+            extra.append(f"only in the candidate (not gated): {', '.join(map(md_escape, self.only_in_candidate))}")
+        extra.extend(map(md_escape, self.notes))
         if extra:
             lines.append("")
             lines.extend(f"- {e}" for e in extra)
@@ -253,8 +269,10 @@ def _check_version(path: Path, data: dict, required: bool) -> None:
 def _number(value: Any, path: Path, field: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InputError(f"expected a number or null, got {value!r}", path=path, field=field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"expected a finite number or null, got {value!r}", path=path, field=field)
+    if abs(value) > MAX_METRIC:  # the noise bands of 1e308 overflow to infinity
+        raise InputError(f"{value:g} is not a plausible measurement (|value| > {MAX_METRIC:g})", path=path, field=field)
     return float(value)
 
 
@@ -275,7 +293,13 @@ def _load_summary(path: Path, data: dict) -> GateInput:
             entries[name][metric] = Interval(mean=_number(value["mean"], path, field),
                                              ci_low=_number(value.get("ci_low"), path, field),
                                              ci_high=_number(value.get("ci_high"), path, field))
+    check_eval_summary(data, path)  # the rest of the shape report reads too: wrong types named, not crashed on
     meta = {k: data.get(k) for k in ("baseline", "repeats", "workload", "engine", "slo")}
+    # a real engine's measurements taken while the host was busy or off its profiled speed (evaluate's
+    # `disturbed`; older summaries carry only host_speed): gate refuses to judge code by them
+    health = [data.get(k) if isinstance(data.get(k), dict) else {} for k in ("host_speed", "host_load")]
+    meta["disturbed"] = bool(data.get("disturbed")) or any(bool(h.get("disturbed")) for h in health)
+    meta["disturbed_note"] = next((str(h["note"]) for h in health if h.get("note")), None)
     # how requests were sent; a summary written before evaluate recorded it was open loop
     meta["load"] = {**OPEN_LOOP, **(data.get("load") or {})}
     manifest_path = path.parent.parent / "manifest.json"
@@ -455,10 +479,16 @@ def _compat_notes(base: GateInput, cand: GateInput) -> list[str]:
 def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = None,
          max_regression: float = DEFAULT_MAX_REGRESSION, noise: float = DEFAULT_NOISE,
          max_acceptance_drop: float = DEFAULT_MAX_ACCEPTANCE_DROP, collapse_floor: float = DEFAULT_COLLAPSE_FLOOR,
-         strategies: Sequence[str] | None = None, allow_different: bool = False) -> GateVerdict:
+         strategies: Sequence[str] | None = None, allow_different: bool = False,
+         allow_disturbed: bool = False) -> GateVerdict:
     """Compare every (entry, metric) both inputs share; see the module docstring for the rules."""
     if base.kind != cand.kind:
         raise InputError(f"cannot compare a {base.kind} with a {cand.kind}", path=cand.path)
+    for side in (base, cand):
+        if side.meta.get("disturbed") and not allow_disturbed:
+            raise InputError(f"measured on a disturbed host ({side.meta.get('disturbed_note') or 'see its summary'});"
+                             " re-run it on a quiet host, or pass --allow-disturbed to compare anyway",
+                             path=side.path, field="disturbed")
     unlike = setup_differences(base, cand)
     if unlike and not allow_different:
         raise InputError("baseline and candidate are not like with like (" + "; ".join(unlike)
@@ -495,9 +525,13 @@ def gate(base: GateInput, cand: GateInput, *, metrics: Sequence[str] | None = No
         chosen = list(dict.fromkeys(m for name in shared for m in base.entries[name] if m in cand.entries[name]))
         if not chosen:
             raise InputError("the benchmark rows carry no metric the direction table knows", path=base.path)
-    settings = GateSettings(metrics=chosen, max_regression=max_regression, noise=noise,
-                            max_acceptance_drop=max_acceptance_drop, collapse_floor=collapse_floor,
-                            strategies=list(strategies) if strategies else None)
+    try:
+        settings = GateSettings(metrics=chosen, max_regression=max_regression, noise=noise,
+                                max_acceptance_drop=max_acceptance_drop, collapse_floor=collapse_floor,
+                                strategies=list(strategies) if strategies else None)
+    except ValidationError as exc:  # a flag out of range (--collapse-floor nan or 0.5): named as the flag
+        bad = InputError.from_validation(exc)
+        raise InputError(bad.problem, field=(bad.field or "").replace("_", "-") or None) from None
 
     checks: list[Check] = []
     for name in shared:

@@ -31,12 +31,13 @@ from typing import Any, Callable
 from autospec.config import RunSpec
 from autospec.deploy import vllm_config
 from autospec.errors import InputError
-from autospec.evaluate import EvaluateSpec, run_evaluate
+from autospec.evaluate import EvaluateSpec, resolve_strategies, run_evaluate
 from autospec.fit import fit_profile, load_fit, profiled_engine, write_fit
 from autospec.profile import ProfileSettings, profile_pair
 from autospec.report.build import write_report
 from autospec.strategy import load_preset
-from autospec.tune import TuneSpec, run_tune
+from autospec.tune import TuneSpec, candidate_specs, run_tune
+from autospec.workloads.spec import load_workload
 
 Progress = Callable[[str, int], Callable[[int], None]]
 Stage = Callable[[str, Callable[[], Any]], Any]  # runs one stage: named, timed and announced
@@ -54,6 +55,7 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
 
         if not vllm_available():  # before any stage runs, not after the search
             raise InputError(VLLM_MISSING, field="engine.kind")
+    check_before_any_stage(spec, stages, out_dir)
     done: dict[str, Any] = {"stages": {}}
     stage = _stage_runner(done["stages"], say)
     reuse = spec.profile.reuse
@@ -71,6 +73,41 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
     if "report" in stages:
         done["report"] = str(stage("report", lambda: write_report(out_dir)))
     return done
+
+
+def check_before_any_stage(spec: RunSpec, stages: list[str], out_dir: Path) -> None:
+    """What the later stages read, checked before the first stage writes anything: the workload (built:
+    a bad trace or spec), the tune candidates and the evaluate strategies (every preset loaded), and for
+    a report-only run that there is something to report. A bad [evaluate] table used to surface after
+    profile/ and fit/ were written, leaving a half-made run."""
+    if "report" in stages and not {"profile", "fit", "tune", "evaluate"} & set(stages) and not any(
+            (out_dir / part).is_dir() for part in ("profile", "fit", "tune", "eval", "eval-sim", "eval-torch",
+                                                   "eval-vllm")):
+        raise InputError("nothing to report: no profile/, fit/, tune/ or eval*/ in the run directory "
+                         "(stages = [\"report\"] reports an earlier run's --out)", path=out_dir)
+    needs_profile = [s for s in ("fit", "tune", "evaluate") if s in stages]
+    if needs_profile and "profile" not in stages and not (out_dir / "profile" / "latency.parquet").is_file():
+        raise InputError(f"stage {needs_profile[0]} needs a profile: add \"profile\" to stages (with [profile] "
+                         "reuse to copy an earlier one), or point --out at a profiled run directory", path=out_dir,
+                         field="stages")
+    if {"tune", "evaluate"} & set(stages):
+        load_workload(spec.workload)
+    if "tune" in stages:
+        _with_prefix("tune.strategies", lambda: candidate_specs(spec.tune.strategies))
+    if "evaluate" in stages:
+        _with_prefix("evaluate.strategies", lambda: resolve_strategies(spec.evaluate.strategies))
+        if spec.evaluate.real_engine:
+            _with_prefix("evaluate.real_strategies", lambda: resolve_strategies(spec.evaluate.real_strategies))
+
+
+def _with_prefix(field: str, check: Callable[[], Any]) -> None:
+    """Run a check whose InputError names a CLI flag (--strategies) as the config field it came from."""
+    try:
+        check()
+    except InputError as exc:
+        if exc.field in (None, "strategies"):
+            raise InputError(exc.problem, path=exc.path, line=exc.line, field=field) from None
+        raise
 
 
 def _stage_runner(walls: dict[str, Any], say: Callable[[str], None]) -> Stage:

@@ -37,10 +37,17 @@ import numpy as np
 import pandas as pd
 
 from autospec import artifacts
-from autospec.artifacts import build_manifest, write_json, write_parquet
+from autospec.artifacts import build_manifest, staged_dir, write_json, write_parquet
 
 # the profile's records (re-exported: callers import them from here)
-from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS, ProfileSettings, latency_grid, mad
+from autospec.calibration import (
+    ACCEPTANCE_COLUMNS,
+    LATENCY_COLUMNS,
+    ProfileSettings,
+    latency_grid,
+    mad,
+    read_profile_meta,
+)
 from autospec.config import EngineSpec
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
@@ -273,14 +280,10 @@ class HostSpeedCheck:
         profile measured a target of another shape (its manifest's config.json hash), or the engine has
         no draft model."""
         path = Path(run_dir) / "profile" / "latency.parquet"
-        meta_path = Path(run_dir) / "profile" / "profile.json"
         if not path.is_file() or getattr(engine, "draft_model", None) is None:  # the check drafts
             return None
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        except ValueError:
-            meta = {}
-        if (meta.get("engine") or "torch") != "torch" or not _same_shape_target(engine, Path(run_dir)):
+        meta = read_profile_meta(run_dir)
+        if (meta is not None and meta.engine != "torch") or not _same_shape_target(engine, Path(run_dir)):
             return None
         rows = pd.read_parquet(path)
         rows = rows[(rows["model"] == "target") & (rows["phase"] == "decode")]
@@ -291,7 +294,7 @@ class HostSpeedCheck:
         rows = rows[rows["batch"] == batch]
         tokens = int(min(rows["tokens"].unique(), key=lambda t: abs(t - want_tokens)))
         rows = rows[rows["tokens"] == tokens]
-        nominal = [int(c) for c in (meta.get("settings") or {}).get("contexts") or rows["context"].unique()]
+        nominal = [int(c) for c in (meta.settings.contexts if meta is not None else rows["context"].unique())]
         context = min(nominal, key=lambda c: abs(c - want_context))
         row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - context)))]
         return cls(engine, batch, tokens, context, float(row["median_s"]))
@@ -310,7 +313,7 @@ def _same_shape_target(engine: Any, run_dir: Path) -> bool:
         manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
         recorded = manifest["models"]["target"]["sha256"]["config.json"]
         config = Path(engine.target.path) / "config.json"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return True
     return not config.is_file() or artifacts.sha256_file(config) == recorded
 
@@ -494,13 +497,13 @@ def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], setting
 
 def write_profile(run_dir: Path, result: ProfileResult, settings: ProfileSettings, extra: dict[str, Any]) -> None:
     """Write DIR/profile/{latency,acceptance}.parquet, telemetry.json and profile.json (all atomic)."""
-    prof = Path(run_dir) / "profile"
-    write_parquet(prof / "latency.parquet", result.latency)
-    write_parquet(prof / "acceptance.parquet", result.acceptance)
-    write_json(prof / "telemetry.json", result.telemetry)
-    write_json(prof / "profile.json", {"settings": settings.model_dump(), "wall_s": result.wall_s,
-                                       "latency_rows": len(result.latency),
-                                       "acceptance_rows": len(result.acceptance), **extra})
+    with staged_dir(Path(run_dir) / "profile") as prof:
+        write_parquet(prof / "latency.parquet", result.latency)
+        write_parquet(prof / "acceptance.parquet", result.acceptance)
+        write_json(prof / "telemetry.json", result.telemetry)
+        write_json(prof / "profile.json", {"settings": settings.model_dump(), "wall_s": result.wall_s,
+                                           "latency_rows": len(result.latency),
+                                           "acceptance_rows": len(result.acceptance), **extra})
 
 
 def select_prompts(prompt_files: Sequence[Path], per_domain: int, dataset=None, *, seed: int = 0,

@@ -17,8 +17,6 @@ Every problem is an InputError naming the file and the dotted field, in one line
 from __future__ import annotations
 
 import logging
-import re
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autospec.contract import VIEW_SIGNALS
 from autospec.early_exit import EarlyExitParams
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_toml, read_text_file
 from autospec.policies.base import LengthPolicy, PolicyParams, SchedulePolicy, VerifyPolicy, build_policy, policy_class
 
 SECTIONS = ("length", "verify", "schedule")
@@ -332,19 +330,20 @@ def list_presets() -> list[str]:
 
 def preset_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise InputError("no such preset file", path=path)
-        return path
-    candidate = presets_dir() / f"{name_or_path}.toml"
-    if not candidate.is_file():
+    try:
+        if path.suffix == ".toml" or path.exists():
+            if not path.is_file():
+                raise InputError("no such preset file", path=path)
+            return path
+        candidate = presets_dir() / f"{name_or_path}.toml"
+        found = candidate.is_file()
+    except OSError as exc:  # a name longer than the OS allows, say
+        shown = str(name_or_path)
+        raise InputError(f"not a preset name or file ({exc.strerror or exc}): "
+                         f"{shown[:60] + '...' if len(shown) > 60 else shown!r}") from None
+    if not found:
         raise InputError(f"unknown preset {str(name_or_path)!r}; known: {', '.join(list_presets())}")
     return candidate
-
-
-def _toml_line(err: tomllib.TOMLDecodeError) -> int | None:
-    m = re.search(r"line (\d+)", str(err))
-    return int(m.group(1)) if m else None
 
 
 def spec_from_dict(data: Mapping[str, Any], path: str | Path | None = None) -> StrategySpec:
@@ -358,11 +357,30 @@ def spec_from_dict(data: Mapping[str, Any], path: str | Path | None = None) -> S
 def load_preset(name_or_path: str | Path) -> StrategySpec:
     """Load a bundled preset by name (see list_presets()) or any preset file by path."""
     path = preset_path(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(f"invalid TOML: {err}", path=path, line=_toml_line(err)) from None
-    return spec_from_dict(data, path)
+    return spec_from_dict(parse_toml(read_text_file(path, "preset file"), path=path), path)
+
+
+# length policies whose `k` is the draft length itself (a static K, a K per batch-size bucket), not a cap
+FIXED_K_POLICIES = ("static", "batch-schedule")
+
+
+def check_k_max(spec: StrategySpec, k_max: int) -> None:
+    """A strategy whose length policy fixes its draft length (`k` of static K, or of a per-batch-size
+    schedule) above the replay's K_max is an input error — it used to be clipped to K_max silently, so
+    `k = 100` ran as K_max and reported under its own name. Elsewhere `k` is a cap drafting runs up to —
+    under a verify policy that cuts the chain (DSpark's "draft long, let the scheduler cut", AdaSpec's
+    verifier) or in an adaptive length policy — and K_max bounds it like any other length the policy
+    picks; a search range reaching past K_max is a space, not a setting (tune's trials there run at
+    K_max, as the presets' ranges up to 8 do under --k-max 4)."""
+    if spec.length.policy not in FIXED_K_POLICIES or spec.verify.policy != "all":
+        return
+    fixed = spec.length.params.get("k")
+    values = fixed if isinstance(fixed, list) else [fixed]
+    too_long = [k for k in values if isinstance(k, int) and not isinstance(k, bool) and k > k_max]
+    if too_long:
+        raise InputError(f"{spec.name}: length.k {max(too_long)} is above K_max {k_max} (the longest draft chain "
+                         "the engine verifies and the profile recorded); lower it or raise --k-max",
+                         field="length.k")
 
 
 def search_space(spec: StrategySpec) -> dict[str, SearchRange]:

@@ -1,4 +1,5 @@
-"""GPU telemetry through NVML (nvidia-ml-py): a snapshot, and a background sampler for profile/evaluate.
+"""GPU telemetry through NVML (nvidia-ml-py): a snapshot, and a background sampler for profile/evaluate;
+and the host's CPU load around a real-engine run (`HostLoadMeter`, from /proc).
 
 `TelemetrySampler` polls every GPU's SM clock, utilization, memory used and power draw on a daemon
 thread while a stage runs and folds the samples into per-GPU statistics (mean, min, p50, max). On a
@@ -8,8 +9,10 @@ machine without a GPU (no pynvml, no driver, no device) nothing is sampled and t
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -185,3 +188,91 @@ class TelemetrySampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- host load: is anything else using the CPU while a real engine is timed? ----------------------------
+
+# [chosen] A real-engine run is disturbed when other processes used more than a quarter of the machine's
+# CPU time while it ran, or the hypervisor took more than 5% (steal): on the 2-core hosts autospec is
+# developed on, one busy neighbour process is half the machine; the engine then measures another machine
+# than the one it was profiled on. Both are shares of every CPU's time over the run (1.0 = all cores).
+OTHERS_CPU_LIMIT = 0.25
+STEAL_LIMIT = 0.05
+
+
+def _cpu_jiffies() -> tuple[int, int, int] | None:
+    """(busy, steal, total) clock ticks of all CPUs since boot (/proc/stat's `cpu` line); None without /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    busy = user + nice + system + irq + softirq
+    return busy, steal, busy + idle + iowait + steal
+
+
+def _tree_jiffies(root: int) -> int | None:
+    """CPU clock ticks (user + system) of process `root` and every descendant now alive, plus the children
+    it has reaped — a vLLM replay computes in an engine-core child process, which is ours, not a
+    neighbour's. None without /proc."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return None
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        pid = int(name)
+        reaped = int(rest[13]) + int(rest[14]) if pid == root else 0  # cutime + cstime: waited-for children
+        ticks[pid] = int(rest[11]) + int(rest[12]) + reaped  # utime + stime
+        children.setdefault(int(rest[1]), []).append(pid)
+    if root not in ticks:
+        return None
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+@dataclass
+class HostLoadMeter:
+    """Measures, over a real-engine run, how much of the machine's CPU went to other processes, to the
+    hypervisor (steal) and to this process tree, and the load average at both ends. Only reads /proc
+    (nothing is recorded where it is absent: {"available": false})."""
+
+    wall0: float
+    cpu0: tuple[int, int, int] | None
+    own0: int | None
+    load0: float
+
+    @classmethod
+    def start(cls) -> "HostLoadMeter":
+        return cls(time.perf_counter(), _cpu_jiffies(), _tree_jiffies(os.getpid()), os.getloadavg()[0])
+
+    def stop(self) -> dict[str, Any]:
+        cpu1, own1, load1 = _cpu_jiffies(), _tree_jiffies(os.getpid()), os.getloadavg()[0]
+        cpus = os.cpu_count() or 1
+        record: dict[str, Any] = {"cpus": cpus, "wall_s": time.perf_counter() - self.wall0,
+                                  "load_average": [round(self.load0, 2), round(load1, 2)]}
+        if self.cpu0 is None or cpu1 is None or self.own0 is None or own1 is None or cpu1[2] <= self.cpu0[2]:
+            return {**record, "available": False, "disturbed": False, "note": None}
+        total = cpu1[2] - self.cpu0[2]
+        own = max(0, own1 - self.own0)
+        others = max(0, (cpu1[0] - self.cpu0[0]) - own) / total
+        steal = (cpu1[1] - self.cpu0[1]) / total
+        off = others > OTHERS_CPU_LIMIT or steal > STEAL_LIMIT
+        note = (f"measurements disturbed: other processes used {others:.0%} of the CPU time ({cpus} cores) while "
+                f"the engine ran" + (f", the hypervisor stole {steal:.0%}" if steal > STEAL_LIMIT else "")
+                + f"; load {max(self.load0, load1):.1f} on {cpus} cores — re-run on a quiet host") if off else None
+        return {**record, "available": True, "others_cpu_share": round(others, 4), "steal_share": round(steal, 4),
+                "own_cpu_share": round(own / total, 4), "limits": {"others_cpu_share": OTHERS_CPU_LIMIT,
+                                                                  "steal_share": STEAL_LIMIT},
+                "disturbed": off, "note": note}

@@ -59,25 +59,30 @@ Writes `tune/best.toml` (a preset file: `autospec evaluate --strategies tune/bes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
+import re
+import signal
 import socket
+import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autospec.artifacts import read_parquet, sha256_file, write_json, write_parquet, write_text
-from autospec.config import SCHEMA_VERSION, PairSpec
+from autospec.config import SCHEMA_VERSION, PairSpec, redact_url
 from autospec.confirm import ConfirmSettings, confirm, pick_candidates
 from autospec.deploy import vllm_config, write_deploy
-from autospec.errors import InputError
+from autospec.errors import InputError, Interrupted
 from autospec.evaluate import HEADLINE, RELATIVE, open_sim_replay, open_torch_replay, open_vllm_replay
 from autospec.serving.capacity import CapacitySpec, replay_capacity
 from autospec.serving.metrics import Slo, compute_metrics, latencies, meets_slo
@@ -87,6 +92,7 @@ from autospec.strategy import (
     SearchRange,
     StrategySpec,
     apply_overrides,
+    check_k_max,
     list_presets,
     load_preset,
     reads_the_future,
@@ -97,7 +103,37 @@ from autospec.workloads.spec import load_workload
 
 EXCLUDED_BY_DEFAULT = {"oracle", "oracle-m"} | {f"static-k{k}" for k in range(1, 9) if k != 4}
 CHECKPOINTS = 10  # pruning reports per trial (every tenth of the workload's requests)
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22; "" where there is no
+    /proc): with the pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _worker_alive(worker: str, host: str) -> bool | None:
+    """Whether the `autospec tune` process a trial's WORKER names still runs: None when it ran on another
+    host (only Optuna's heartbeat can tell) or the record is not one of ours."""
+    parts = worker.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+        return None
+    pid, start = int(parts[1]), parts[2]
+    if start:
+        return _process_start(pid) == start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+# host:pid:start of this process, on every trial it runs (user attr "worker")
+WORKER = f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
 SM_SPLITS = (0.125, 0.25, 0.375, 0.5)  # r values searched when the profile has an SM-split axis
 
 
@@ -108,7 +144,7 @@ class TuneSpec(BaseModel):
     workload: Path
     profile: Path
     trials: int = Field(40, ge=1)
-    storage: str | None = None  # default: sqlite:///<out>/tune/study.db
+    storage: str | None = Field(None, min_length=1)  # default: sqlite:///<out>/tune/study.db
     study_name: str | None = None  # default: derived from the settings (see the module docstring)
     objective: Literal["goodput", "capacity", "multi"] = "capacity"
     # engine: only what the deploy target (vLLM) can run as shipped; all: schedulers and per-request
@@ -151,6 +187,8 @@ def candidate_specs(names: list[str] | None,
                 continue
             raise InputError(f"{why} (--scope engine searches what vLLM can run; --scope all searches it too)",
                              field="strategies")
+        if spec.name in specs and specs[spec.name] != spec:  # the later would silently replace the earlier
+            raise InputError(f"two candidates are both named {spec.name!r}", field="strategies")
         specs[spec.name] = spec
     if not specs:
         raise InputError("the search space is empty: no candidate strategy", field="strategies")
@@ -343,6 +381,94 @@ def _constraints(trial) -> list[float]:
     return list(trial.user_attrs.get("constraint", [1.0]))
 
 
+def retry_trial(study, trial) -> None:
+    """Queue the parameters of a trial that never finished (Ctrl-C, a killed worker) to run again: the
+    enqueued ones (a candidate's defaults) and those it had sampled; the rest are sampled afresh."""
+    params = {**trial.system_attrs.get("fixed_params", {}), **trial.params}
+    if params:
+        study.enqueue_trial(params)
+
+
+def fail_orphaned_trials(study) -> list[int]:
+    """Fail, and queue again, RUNNING trials whose `autospec tune` process on this host is gone.
+
+    Optuna's heartbeat fails a dead worker's trial only once its grace period (30 s) has passed, and only
+    when a worker is running; a study resumed sooner kept the killed run's trial RUNNING for ever, its
+    parameters never evaluated. A trial of a live process, of another host's (a shared storage: the
+    heartbeat decides) or without a worker record is left alone. Returns the trial numbers failed."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    host, failed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _worker_alive(str(trial.user_attrs.get("worker", "")), host) is not False:
+            continue
+        try:
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:  # it finished after all (a race with another worker): nothing to do
+            continue
+        retry_trial(study, trial)
+        failed.append(trial.number)
+    return failed
+
+
+class _OneLineTrialFailures(logging.Filter):
+    """Optuna's failed-trial warnings without their tracebacks — a trial that raised InputError was
+    caught as designed and its message says why — and none for the trial Ctrl-C stopped: the one line
+    `autospec tune` ends with says what happened (docs/inputs.md)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._interrupted: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        trial = re.match(r"Trial (\d+) failed", record.getMessage())
+        if isinstance(exc, KeyboardInterrupt):
+            if trial:
+                self._interrupted.add(trial.group(1))
+            return False
+        if trial and trial.group(1) in self._interrupted:  # its "failed with value None." line
+            return False
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_optuna_failures() -> None:
+    for handler in logging.getLogger("optuna").handlers:
+        if not any(isinstance(f, _OneLineTrialFailures) for f in handler.filters):
+            handler.addFilter(_OneLineTrialFailures())
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c(study, callbacks: list) -> Iterator[list]:
+    """Ctrl-C during the search stops it cleanly: the first one lets the running trial finish (a simulated
+    replay, seconds) and ends the study there (a callback calls `study.stop()`, which Optuna allows only
+    from a callback); a second one interrupts at once. Yields a list that is non-empty once stopped.
+    A KeyboardInterrupt raised straight into the search could land in a weakref callback, where Python
+    prints "Exception ignored" and carries on; a flag cannot be lost that way."""
+    stopped: list = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield stopped
+        return
+
+    def on_sigint(_signum, _frame) -> None:
+        if stopped:
+            raise KeyboardInterrupt
+        stopped.append(True)
+
+    def stop_if_asked(st, _trial) -> None:
+        if stopped:
+            st.stop()
+
+    callbacks.append(stop_if_asked)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _counted(study) -> int:
     from optuna.trial import TrialState
 
@@ -405,10 +531,14 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
 
     replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
     specs = candidate_specs(spec.strategies, _undeployable(spec, replay.k_max) if spec.scope == "engine" else None)
+    for candidate in specs.values():
+        check_k_max(candidate, replay.k_max)
     sm_axis = profile_has_sm_split(spec.profile)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _quiet_optuna_failures()
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(spec, out_dir, specs)
+    orphaned = fail_orphaned_trials(study)
     objective = make_objective(spec, specs, replay, sm_axis)
     if not study.get_trials(deepcopy=False):  # a new study starts from every candidate's defaults
         for params in default_trials(specs, sm_axis)[: spec.trials]:
@@ -425,11 +555,26 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
         # The budget bounds the search: a trial running when it is spent finishes (a trial is a
         # simulated replay, seconds at most); loading before and writing results (and --confirm-top)
         # after come on top.
-        study.optimize(objective, n_trials=remaining, timeout=spec.time_budget_s, callbacks=callbacks,
-                       catch=(InputError,))
+        with _stop_on_ctrl_c(study, callbacks) as stopped:
+            try:
+                study.optimize(objective, n_trials=remaining, timeout=spec.time_budget_s, callbacks=callbacks,
+                               catch=(InputError,))
+            except KeyboardInterrupt:  # a second Ctrl-C: Optuna failed the running trial; queue it again
+                mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == WORKER]
+                latest = max(mine, key=lambda t: t.number, default=None)
+                if latest is not None and latest.state == TrialState.FAIL:
+                    retry_trial(study, latest)
+                stopped.append(True)
+        if stopped:
+            done = _counted(study)
+            raise Interrupted(f"interrupted after {done - before} trial{'s' if done - before != 1 else ''} of this "
+                              f"run ({done} of {spec.trials} in the study, kept in "
+                              f"{redact_url(spec.storage) if spec.storage else out_dir / 'tune' / 'study.db'}); "
+                              "re-run the same command to resume")
         search_s = time.monotonic() - t0
     counted = _counted(study)
     budget = {"time_budget_s": spec.time_budget_s, "search_s": search_s, "trials_run": counted - before,
+              "orphaned_trials_retried": orphaned,
               "trials_total": counted, "trials_asked": spec.trials,
               "budget_spent": (spec.time_budget_s is not None and counted < spec.trials
                                and search_s >= spec.time_budget_s)}
@@ -463,7 +608,8 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     ranked = ranked_trials(study, spec)
     if not ranked:
         raise InputError("no trial completed (every trial failed or was pruned); see the study in "
-                         f"{spec.storage or out_dir / 'tune' / 'study.db'}", field="trials")
+                         f"{redact_url(spec.storage) if spec.storage else out_dir / 'tune' / 'study.db'}",
+                         field="trials")
     best = ranked[0]
     best_spec = StrategySpec.model_validate(best.user_attrs["spec"])
     frame = trials_frame(study, spec)
@@ -484,7 +630,7 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     summary = {
         "schema_version": SCHEMA_VERSION,
         "study_name": study.study_name,
-        "storage": spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}",
+        "storage": redact_url(spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}"),
         "objective": spec.objective,
         "direction": "maximize" if spec.objective != "multi" else None,
         "directions": ["maximize", "minimize"] if spec.objective == "multi" else None,

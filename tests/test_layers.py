@@ -15,7 +15,8 @@ any lower one):
    parameter model, applied by the torch engine and named by strategies, so below both).
 1. siblings — `workloads/`, `policies/`, `engines/` (torch, llama, sim, sm_split; the simulator takes
    fitted data, it does not read or fit run directories). None imports another.
-2. records — `config`, `artifacts`, `calibration` (the profile's tables and fit/models.json as data).
+2. records — `config`, `artifacts`, `calibration` (the profile's tables and fit/models.json as data),
+   `summaries` (the eval and tune summary.json shapes their readers check).
    [chosen] Intended as foundation, but `config.PromptSpec.dataset_selection` builds a
    `workloads.datasets.DatasetSelection`, and `artifacts` reads `config.SCHEMA_VERSION`, so they sit just
    above the siblings; nothing below them reads a run directory.
@@ -46,7 +47,8 @@ LAYERS: list[tuple[str, bool, dict[str, str]]] = [
         "autospec.progress", "autospec.hub", "autospec.models", "autospec.early_exit")}),
     ("siblings", True, {"autospec.workloads": "workloads", "autospec.policies": "policies",
                         "autospec.engines": "engines"}),
-    ("records", False, {m: "records" for m in ("autospec.config", "autospec.artifacts", "autospec.calibration")}),
+    ("records", False, {m: "records" for m in ("autospec.config", "autospec.artifacts", "autospec.calibration",
+                                               "autospec.summaries")}),
     ("serving", False, {m: "serving" for m in ("autospec.serving", "autospec.strategy")}),
     ("stages", False, {m: "stages" for m in (
         "autospec.profile", "autospec.fit", "autospec.tune", "autospec.evaluate", "autospec.deploy",

@@ -11,7 +11,6 @@ transformers in the tests.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_json, read_text_file
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -41,6 +40,9 @@ class LlamaShape:
     qk_norm: bool  # Qwen3
     architecture: str
     eos_token_ids: tuple[int, ...]
+    # the positions the model was trained for (config max_position_embeddings; None: the config does not
+    # say): past it RoPE extrapolates and the output is garbage, so the engine refuses longer requests
+    max_positions: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict, path: Path) -> "LlamaShape":
@@ -77,6 +79,7 @@ class LlamaShape:
                 qk_norm=arch == "Qwen3ForCausalLM",
                 architecture=arch,
                 eos_token_ids=eos_ids,
+                max_positions=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"config.json is missing or has a bad field: {exc}", path=path) from None
@@ -141,10 +144,9 @@ class CompactLlama:
             raise InputError("model directory does not exist", path=self.path)
         if not config_path.is_file():
             raise InputError("no config.json in the model directory", path=self.path)
-        try:
-            cfg = json.loads(config_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"config.json is not valid JSON ({exc.msg})", path=config_path, line=exc.lineno) from None
+        cfg = parse_json(read_text_file(config_path, "config.json"), path=config_path)
+        if not isinstance(cfg, dict):
+            raise InputError("config.json is not a JSON object", path=config_path)
         self.config = cfg
         self.shape = LlamaShape.from_config(cfg, config_path)
         self.device = torch.device(device)

@@ -153,6 +153,26 @@ class TorchSDEngine:
         self.frontier_chunk: int | str | None = None  # configure_execution sets it (an int or "auto"); sd_step reads it
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def max_context(self) -> int | None:
+        """The most positions a request may occupy: the smaller model's max_position_embeddings."""
+        limits = [m.shape.max_positions for m in (self.target, self.draft_model) if m is not None]
+        known = [n for n in limits if n]
+        return min(known) if known else None
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse a request that cannot fit the models' context window: its prompt, every token it may
+        generate and the K_max drafts a last round may verify past them [chosen: reject, never clip —
+        clipping is the workload's choice (max_prompt_tokens), and a prompt run past the window returns
+        garbage and, at a megabyte, asked for a 193 GB KV cache]."""
+        limit = self.max_context
+        need = prompt_len + max_tokens + self.k_max
+        if limit is not None and need > limit:
+            raise InputError(f"a request of {prompt_len} prompt tokens + up to {max_tokens} new ones (+ K_max "
+                             f"{self.k_max} drafts) needs {need} positions, more than the models' context window "
+                             f"of {limit}; shorten it (a workload's max_prompt_tokens / max_output_tokens clip "
+                             "its requests)", field="prompt")
+
     def now(self) -> float:
         return time.perf_counter()
 
@@ -280,6 +300,9 @@ class TorchSDEngine:
                 raise InputError("a request has an empty prompt", field="prompt")
             if r.max_tokens < 1:
                 raise InputError(f"max_tokens must be >= 1, got {r.max_tokens}", field="max_tokens")
+            # the prompt itself must fit; whether its whole budget does is checked by the callers that take
+            # requests from users (generate, evaluate): timing calls give requests a budget they never use
+            self.check_fits(len(r.prompt), 0)
         t0 = time.perf_counter_ns()
         first_slot = len(self._by_slot)
         new = []

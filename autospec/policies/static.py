@@ -13,7 +13,9 @@ from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_le
 
 
 class StaticParams(PolicyParams):
-    k: int = Field(4, ge=0)  # [chosen] default; presets static-k1..k8 set it; clipped to K_max
+    # [chosen] default; presets static-k1..k8 set it; above the replay's K_max it is refused
+    # (strategy.check_k_max), and the policy clips only as a last guard
+    k: int = Field(4, ge=0)
 
 
 @register_length("static")

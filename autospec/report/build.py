@@ -26,10 +26,11 @@ from plotly.offline import get_plotlyjs
 
 from autospec import __version__
 from autospec.artifacts import PARQUET_SCHEMA_KEY, read_json, read_parquet, write_text
-from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
+from autospec.calibration import read_acceptance_table, read_latency_table
 from autospec.errors import InputError
 from autospec.report import figures as F
 from autospec.serving.shift import regret
+from autospec.summaries import read_eval_summary, read_tune_summary
 
 # Columns of the strategy table: summary.json metric key, header.
 TABLE_METRICS = (("capacity_rps", "capacity at SLO (req/s)"), ("capacity_vs_no_sd", "capacity × no-SD"),
@@ -93,9 +94,15 @@ class RunData:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def _parquet(path: Path) -> pd.DataFrame | None:
-    """A parquet artifact or None when absent. autospec's own carry a schema_version (checked); a frame
-    written by another tool (Optuna's trials_dataframe via pandas) has none and is read as is."""
+# the columns the report's figures read from an evaluation's records (serving/records.py writes more)
+REQUEST_COLUMNS = ("strategy", "output_len", "first_token_s", "finish_s")
+STEP_COLUMNS = ("strategy", "repeat", "start_s", "k", "batch")
+
+
+def _parquet(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame | None:
+    """A parquet artifact or None when absent. autospec's own carry a schema_version (checked, with the
+    `required` columns); a frame written by another tool (Optuna's trials_dataframe via pandas) has none
+    and is read as is."""
     if not path.is_file():
         return None
     try:
@@ -103,7 +110,7 @@ def _parquet(path: Path) -> pd.DataFrame | None:
     except (pa.ArrowException, OSError):
         meta = {}
     if PARQUET_SCHEMA_KEY in meta or not meta:
-        return read_parquet(path)  # validates (and names the file on a bad one)
+        return read_parquet(path, required)  # validates (and names the file on a bad one)
     return pd.read_parquet(path)
 
 
@@ -132,18 +139,19 @@ def load_run(run_dir: str | Path) -> RunData:
             data.manifests.append((str(path.relative_to(run_dir)), _json(path)))
     prof = run_dir / "profile"
     if (prof / "latency.parquet").is_file():
-        data.latency = read_parquet(prof / "latency.parquet", LATENCY_COLUMNS)
+        data.latency = read_latency_table(run_dir)
     if (prof / "acceptance.parquet").is_file():
-        data.acceptance = read_parquet(prof / "acceptance.parquet", ACCEPTANCE_COLUMNS)
+        data.acceptance = read_acceptance_table(run_dir)
     if (run_dir / "fit" / "models.json").is_file():
         data.fit = load_fit(run_dir)
     for folder in find_evaluations(run_dir):
         rel = folder.relative_to(run_dir)
         label = str(rel) if rel.name.startswith("eval") and len(rel.parts) == 1 else str(rel.parent)
-        data.evals.append(Evaluation(label, folder, _json(folder / "summary.json"),
-                                     _parquet(folder / "requests.parquet"), _parquet(folder / "steps.parquet")))
+        data.evals.append(Evaluation(label, folder, read_eval_summary(folder / "summary.json"),
+                                     _parquet(folder / "requests.parquet", REQUEST_COLUMNS),
+                                     _parquet(folder / "steps.parquet", STEP_COLUMNS)))
     tune = run_dir / "tune"
-    data.tune_summary = _json(tune / "summary.json")
+    data.tune_summary = read_tune_summary(tune / "summary.json") if (tune / "summary.json").exists() else None
     data.tune_trials = _parquet(tune / "trials.parquet")
     data.tune_pareto = _parquet(tune / "pareto.parquet")
     return data
@@ -183,15 +191,18 @@ CLOSED_LOOP_HEADERS = {"throughput_tok_s": "throughput at {n} in flight (tok/s)"
 
 def _warnings(summary: Mapping) -> list[str]:
     """evaluate's warning lines: simulated shapes the profile never measured (serving.coverage), a real
-    engine's host running off its profiled speed (autospec.profile.HostSpeedCheck)."""
-    lines = [(summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note")]
+    engine's host running off its profiled speed (autospec.profile.HostSpeedCheck) or busy with other
+    processes (autospec.telemetry.HostLoadMeter)."""
+    lines = [(summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"),
+             (summary.get("host_load") or {}).get("note")]
     return [line for line in lines if line]
 
 
 def disturbed_note(pairs: list[tuple[dict, dict, str]]) -> str | None:
     """A line for the simulator-vs-real table when a real side ran on a disturbed host: its error then
     measures the host, not the simulator."""
-    off = [label for _sim, real, label in pairs if (real.get("host_speed") or {}).get("disturbed")]
+    off = [label for _sim, real, label in pairs
+           if real.get("disturbed") or (real.get("host_speed") or {}).get("disturbed")]
     if not off:
         return None
     return ("Not a judgement of the simulator: the real engine's host ran off its profiled speed during "
@@ -211,10 +222,10 @@ def fit_table(fit) -> dict:
     m = fit.models
     rows = []
     for name in ("draft", "target"):
-        c = m.linear.get(name) or {}
+        c = getattr(m.linear, name)
         rows.append([name, _pct(m.linear_mape.get(name)), _pct(m.piecewise_mape.get(name)),
                      _pct(m.prefill_mape.get(name)),
-                     " / ".join(_num(c.get(k)) for k in ("alpha", "gamma", "delta")), _num(m.points.get(name))])
+                     " / ".join(_num(v) for v in (c.alpha, c.gamma, c.delta)), _num(m.points.get(name))])
     return {"columns": ["model", "linear MAPE (held out)", "piecewise MAPE (held out)", "prefill MAPE",
                         "α / γ / δ (s)", "profiled shapes"], "rows": rows}
 

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_json
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF_BYTES = 65536
@@ -73,6 +73,8 @@ def _existing_file(path: str | Path) -> Path:
         raise InputError("file not found", path=path)
     if path.is_dir():
         raise InputError("is a directory, expected a file", path=path)
+    if not path.is_file():  # a named pipe with no writer would block the read for ever, a device never end
+        raise InputError("not a regular file (a pipe or a device); save the data to a file", path=path)
     return path
 
 
@@ -95,11 +97,7 @@ def iter_json_records(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
     for number, raw in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 is legal inside JSON strings
         if not raw.strip():
             continue
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=number) from None
-        yield number, value
+        yield number, parse_json(raw, path=path, line=number)
 
 
 def _array_elements(text: str, start: int, path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -112,17 +110,19 @@ def _array_elements(text: str, start: int, path: str | Path) -> Iterator[tuple[i
         try:
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=exc.lineno) from None
+            raise InputError(f"not valid JSON ({exc.msg} at column {exc.colno})", path=path, line=exc.lineno) from None
+        except RecursionError:
+            raise InputError("not valid JSON: nested too deeply", path=path, line=line_of(text, pos)) from None
         yield line_of(text, pos), value
         pos = _skip_ws(text, end)
         sep = text[pos:pos + 1]
         if sep == "]":
             if text[pos + 1:].strip():
-                raise InputError("malformed JSON (extra data after the closing ']')", path=path,
+                raise InputError("not valid JSON (extra data after the closing ']')", path=path,
                                  line=line_of(text, _skip_ws(text, pos + 1)))
             return
         if sep != ",":
-            raise InputError("malformed JSON (expected ',' or ']' between array elements)", path=path,
+            raise InputError("not valid JSON (expected ',' or ']' between array elements)", path=path,
                              line=line_of(text, pos))
         pos = _skip_ws(text, pos + 1)
 

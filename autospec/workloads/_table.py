@@ -20,6 +20,9 @@ from autospec.errors import InputError
 from autospec.workloads._io import read_text
 
 _NAN_WORDS = {"nan", "+nan", "-nan"}
+# [chosen] the most tokens a trace may give one request's prompt or output: no model reads a billion, and
+# past 2^63 the int64 arrays every workload holds overflow (a row of 1e30 did)
+MAX_TOKENS = 10**9
 
 
 class Table:
@@ -40,7 +43,8 @@ class Table:
         return self.frame[column].str.strip()
 
     def numbers(self, column: str, *, whole: bool = False, minimum: float | None = 0.0) -> np.ndarray:
-        """Column as floats; every value must be present, numeric, finite (and whole, and >= minimum)."""
+        """Column as floats; every value must be present, numeric, finite (and whole, and >= minimum); a
+        whole number (a token count) at most MAX_TOKENS."""
         raw = self.text(column)
         values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
         missing = (raw == "").to_numpy()
@@ -50,6 +54,7 @@ class Table:
         finite = np.isfinite(values)
         below = finite & (values < minimum) if minimum is not None else np.zeros(len(values), bool)
         fractional = finite & (values != np.round(values)) if whole else np.zeros(len(values), bool)
+        huge = finite & (values > MAX_TOKENS) if whole else np.zeros(len(values), bool)
         self.raise_first([
             (missing, lambda i: "missing value"),
             (not_number, lambda i: f"not a number: {raw.iloc[i]!r}"),
@@ -57,6 +62,7 @@ class Table:
             (infinite, lambda i: f"value must be finite, got {raw.iloc[i]!r}"),
             (below, lambda i: f"value must be >= {minimum:g}, got {raw.iloc[i]}"),
             (fractional, lambda i: f"must be a whole number of tokens, got {raw.iloc[i]}"),
+            (huge, lambda i: f"{raw.iloc[i]} tokens is more than any model reads (at most {MAX_TOKENS:.0e})"),
         ], column)
         return values
 
@@ -97,6 +103,11 @@ def read_table(path: str | Path, required: Sequence[str], *, header: bool = True
     frame = frame.fillna("")
     if header:
         frame.columns = [str(c).strip() for c in frame.iloc[0]]
+        seen: set[str] = set()
+        for name in frame.columns:  # a repeated name makes frame[name] a table, not a column
+            if name in seen and name:
+                raise InputError(f"column {name!r} appears twice in the header", path=path, line=1, field=name)
+            seen.add(name)
         frame, lines = frame.iloc[1:].reset_index(drop=True), lines[1:]
         missing = [c for c in required if c not in frame.columns]
         if missing:

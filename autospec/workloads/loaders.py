@@ -25,6 +25,7 @@ file lives, as `bundled:<name>` (`BUNDLED_TRACES`; `bundled_trace` gives the fil
 
 from __future__ import annotations
 
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import pandas as pd
 
 from autospec.errors import InputError
 from autospec.workloads._io import first_line, iter_json_records, read_text
-from autospec.workloads._table import read_table
+from autospec.workloads._table import MAX_TOKENS, read_table
 from autospec.workloads.servegen import is_servegen_header, load_servegen
 from autospec.workloads.trace import Trace
 
@@ -104,9 +105,13 @@ def load_azure(path: str | Path, *, domain: str | None = None) -> Trace:
     table = read_table(path, AZURE_COLUMNS)
     raw = table.text("TIMESTAMP")
     try:
-        stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce")
-    except (ValueError, TypeError, OverflowError):  # e.g. mixed time zones: find the row per row
-        stamps = pd.Series([_timestamp_or_nat(v) for v in raw])
+        with warnings.catch_warnings():  # pandas warns (to stderr) before it refuses mixed offsets
+            warnings.simplefilter("ignore")
+            stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce")
+        if not pd.api.types.is_datetime64_any_dtype(stamps):  # objects: offsets differ between rows
+            raise TypeError("mixed offsets")
+    except (ValueError, TypeError, OverflowError):  # e.g. mixed UTC offsets: parse row by row
+        stamps = _utc_stamps(table, raw)
     bad = stamps.isna().to_numpy()
     table.raise_first([(bad, lambda i: f"not a date-time: {raw.iloc[i]!r}")], "TIMESTAMP")
     seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy()
@@ -155,14 +160,33 @@ def _json_number(record: dict, key: str, path: Path, line: int, *, whole: bool) 
         raise InputError(f"value must be >= 0, got {value}", path=path, line=line, field=key)
     if whole and value != int(value):
         raise InputError(f"must be a whole number of tokens, got {value}", path=path, line=line, field=key)
+    if whole and value > MAX_TOKENS:
+        raise InputError(f"{value:g} tokens is more than any model reads (at most {MAX_TOKENS:.0e})", path=path,
+                         line=line, field=key)
     return float(value)
 
 
 def _timestamp_or_nat(value: str):
     try:
-        return pd.Timestamp(value).tz_localize(None) if value else pd.NaT
+        return pd.Timestamp(value) if value else pd.NaT
     except (ValueError, TypeError, OverflowError):
         return pd.NaT
+
+
+def _utc_stamps(table, raw: pd.Series) -> pd.Series:
+    """Time stamps with differing UTC offsets, each converted to UTC [chosen: normalise, not reject —
+    the offsets say exactly when each request came]. Dropping the offsets instead (as this once did)
+    silently misordered the arrivals. A file that mixes stamps with and without an offset cannot be
+    ordered (which clock is the naive one?): that is an input error at the first row that differs."""
+    parsed = [_timestamp_or_nat(v) for v in raw]
+    known = [t for t in parsed if t is not pd.NaT]
+    if known:
+        aware = known[0].tzinfo is not None
+        table.raise_first([(np.array([t is not pd.NaT and (t.tzinfo is not None) != aware for t in parsed]),
+                            lambda i: "mixes time stamps with and without a UTC offset; give every row one "
+                                      "or none")], "TIMESTAMP")
+    return pd.Series([t.tz_convert("UTC").tz_localize(None) if t is not pd.NaT and t.tzinfo is not None else t
+                      for t in parsed])
 
 
 def _trace(path: Path, seconds: np.ndarray, prompt: np.ndarray, output: np.ndarray, domain: str) -> Trace:

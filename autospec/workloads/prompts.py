@@ -134,7 +134,7 @@ def _is_one_json_object(text: str) -> bool:
         return False
     try:
         return isinstance(json.loads(stripped), dict)
-    except json.JSONDecodeError:  # JSON Lines fail here with "Extra data" after the first record
+    except (json.JSONDecodeError, RecursionError):  # JSON Lines fail with "Extra data" after the first record
         return False
 
 

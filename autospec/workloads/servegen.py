@@ -27,7 +27,6 @@ a workload uses.
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -35,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_json
 from autospec.workloads._io import first_line, read_text
 from autospec.workloads._table import Table, read_table
-from autospec.workloads.synthetic import lognormal_lengths
+from autospec.workloads.synthetic import MAX_REQUESTS, lognormal_lengths
 from autospec.workloads.trace import Trace
 
 NATIVE_COLUMNS = ("window_start_s", "rate", "cv", "dist", "shape", "scale")
@@ -182,10 +181,7 @@ def _read_dataset(path: Path, mean_input: float, mean_output: float) -> dict[flo
     """Window start → length distributions from a ServeGen dataset file; {} when there is none."""
     if not path.exists():
         return {}
-    try:
-        data = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON ({exc.msg})", path=path, line=exc.lineno) from None
+    data = parse_json(read_text(path), path=path)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object of window start → length distributions", path=path)
     out: dict[float, _Lengths] = {}
@@ -231,11 +227,16 @@ def _pdf(value, path: Path, field: str) -> tuple[np.ndarray, np.ndarray] | None:
 def _generate(windows: list[Window], rng: np.random.Generator, domain: str, span: tuple[float, float] | None,
               path: Path) -> Trace:
     arrivals, prompts, outputs = [], [], []
+    asked = 0.0
     for w in windows:
         if not w.dist or w.rate <= 0:
             continue
         if span is not None and (w.start_s + w.length_s <= span[0] or w.start_s >= span[1]):
             continue
+        asked += w.rate * w.length_s  # checked before drawing: a rate of 1e10 once asked for 43 TiB
+        if asked > MAX_REQUESTS:
+            raise InputError(f"the windows' rate x length asks for more than {MAX_REQUESTS:,} requests (window at "
+                             f"{w.start_s:g} s: rate {w.rate:g}/s)", path=path, field="rate")
         times = w.start_s + _window_arrivals(w, rng)
         p, o = w.lengths.draw(len(times), rng)
         arrivals.append(times)

@@ -34,8 +34,6 @@ The steps run in the order the keys are listed above; `prompts = []` leaves the 
 from __future__ import annotations
 
 import math
-import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -52,13 +50,22 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from autospec.errors import InputError
+from autospec.errors import InputError, parse_toml
 from autospec.workloads._io import read_text
+from autospec.workloads._table import MAX_TOKENS
 from autospec.workloads.datasets import dataset_info, load_dataset
 from autospec.workloads.default_prompts import bundled_prompt_sets
 from autospec.workloads.loaders import BUNDLED_PREFIX, BUNDLED_TRACES, TRACE_FORMATS, load_trace
 from autospec.workloads.prompts import Prompt, load_prompts
-from autospec.workloads.synthetic import GENERATORS, MAX_REQUESTS, synthesize
+from autospec.workloads.synthetic import (
+    GENERATORS,
+    MAX_CV,
+    MAX_LENGTH_SIGMA,
+    MAX_PERIODS,
+    MAX_REQUESTS,
+    MIN_PERIOD_S,
+    synthesize,
+)
 from autospec.workloads.trace import Trace
 
 SYNTHETIC_KEYS = ("generator", "rate", "cv", "amplitude", "period_s", "on_s", "off_s", "off_rate",
@@ -113,15 +120,18 @@ class WorkloadSpec(BaseModel):
 
     generator: Literal["poisson", "gamma", "diurnal", "onoff"] | None = None
     rate: PositiveFloat | None = None
-    cv: NonNegativeFloat = 1.0
+    # [chosen] cv ≤ 10: real traces measure ~1-4 (interarrival_cv in every summary); a gamma of cv 1e6 has
+    # shape 1e-12, draws ~0 and its renewal loop never reached the end of the window
+    cv: float = Field(default=1.0, ge=0, le=MAX_CV)
     amplitude: float = Field(default=0.5, ge=0, le=1)
     period_s: PositiveFloat = 86_400.0
-    on_s: PositiveFloat = 5.0
-    off_s: PositiveFloat = 15.0
+    on_s: float = Field(default=5.0, ge=MIN_PERIOD_S)  # [chosen] ≥ 1 ms: one loop turn per period
+    off_s: float = Field(default=15.0, ge=MIN_PERIOD_S)
     off_rate: NonNegativeFloat = 0.0
-    mean_prompt_tokens: float = Field(default=256.0, ge=1)
-    mean_output_tokens: float = Field(default=128.0, ge=1)
-    length_sigma: NonNegativeFloat = 0.8
+    mean_prompt_tokens: float = Field(default=256.0, ge=1, le=MAX_TOKENS)
+    mean_output_tokens: float = Field(default=128.0, ge=1, le=MAX_TOKENS)
+    # [chosen] ≤ 4: a lognormal of sigma 4 already spans e^±8 around its median; at 1000 its draws overflow
+    length_sigma: float = Field(default=0.8, ge=0, le=MAX_LENGTH_SIGMA)
     domains: dict[str, NonNegativeFloat] | None = None
 
     start_s: NonNegativeFloat = 0.0
@@ -132,7 +142,7 @@ class WorkloadSpec(BaseModel):
     max_prompt_tokens: PositiveInt | None = None
     max_output_tokens: PositiveInt | None = None
     prompts: list[PromptSource] | None = None  # a path, or a list of paths and {path, domain, limit} tables
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -159,6 +169,9 @@ class WorkloadSpec(BaseModel):
             if self.rate * (self.start_s + self.duration_s) > MAX_REQUESTS:
                 raise _FieldProblem("rate", f"rate x (start_s + duration_s) asks for more than "
                                             f"{MAX_REQUESTS:,} requests")
+            if self.generator == "onoff" and (self.start_s + self.duration_s) / (self.on_s + self.off_s) > MAX_PERIODS:
+                raise _FieldProblem("on_s", f"on_s + off_s is too short for the duration: more than {MAX_PERIODS:,} "
+                                            "on/off periods")
             if self.off_rate > self.rate:
                 raise _FieldProblem("off_rate", "off_rate cannot exceed rate (rate is the mean over on and off)")
             if self.domains is not None and not any(w > 0 for w in self.domains.values()):
@@ -236,12 +249,7 @@ class _FieldProblem(ValueError):
 def read_workload_spec(path: str | Path) -> WorkloadSpec:
     """The `[workload]` table of a TOML file (other tables, e.g. a run config's, are left alone)."""
     path = Path(path)
-    text = read_text(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        match = re.search(r"line (\d+)", str(exc))
-        raise InputError(f"invalid TOML ({exc})", path=path, line=int(match.group(1)) if match else None) from None
+    data = parse_toml(read_text(path), path=path)
     if "workload" not in data or not isinstance(data["workload"], dict):
         raise InputError("no [workload] table", path=path)
     return workload_spec_from_dict(data["workload"], path)

@@ -24,10 +24,16 @@ from typing import Mapping
 
 import numpy as np
 
+from autospec.workloads._table import MAX_TOKENS
 from autospec.workloads.trace import Trace
 
 GENERATORS = ("poisson", "gamma", "diurnal", "onoff")
 MAX_REQUESTS = 5_000_000  # a typo in rate or duration should fail fast, not fill memory
+MAX_CV = 10.0  # the burstiest gamma process a spec may ask for (workloads.spec says why)
+MAX_LENGTH_SIGMA = 4.0  # the widest lognormal length distribution a spec may ask for
+MIN_CV = 1e-6  # below it a gamma's shape 1/cv² overflows: such a process is evenly spaced (cv 0)
+MIN_PERIOD_S = 1e-3  # the shortest on or off period of an on/off process
+MAX_PERIODS = 1_000_000  # on/off periods in one workload: the generator loops once per period
 
 
 def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -38,7 +44,7 @@ def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -
 def gamma_arrivals(rate: float, cv: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times of a renewal process with gamma inter-arrivals: mean 1/rate, coefficient of variation cv."""
     _check(cv >= 0 and math.isfinite(cv), f"cv must be >= 0, got {cv}")
-    if cv == 0:
+    if cv < MIN_CV:
         return _renewal(lambda n: np.full(n, 1.0 / rate), rate, duration_s)
     shape = 1.0 / cv**2
     return _renewal(lambda n: rng.gamma(shape, 1.0 / (rate * shape), n), rate, duration_s)
@@ -76,7 +82,8 @@ def lognormal_lengths(mean: float, n: int, rng: np.random.Generator, sigma: floa
     _check(mean >= 1, f"mean length must be >= 1, got {mean}")
     _check(sigma >= 0, f"length sigma must be >= 0, got {sigma}")
     mu = math.log(mean) - sigma**2 / 2  # E[lognormal] = exp(mu + sigma^2 / 2)
-    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, n))).astype(np.int64)
+    # clipped at MAX_TOKENS: a wide distribution's far tail must not overflow int64
+    return np.clip(np.rint(rng.lognormal(mu, sigma, n)), 1, MAX_TOKENS).astype(np.int64)
 
 
 def synthesize(generator: str, *, rate: float, duration_s: float, seed: int = 0, cv: float = 1.0,

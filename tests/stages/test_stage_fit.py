@@ -25,11 +25,11 @@ def test_fit_recovers_known_coefficients_with_zero_mape(tmp_path):
         # the synthetic passes count the context once per pass (the simulator's clock form), which the
         # clock recovers exactly; AdaSpec's model sums it over the pass's positions (Eq. 3–4), the same
         # for the draft's one-position passes (its fit on Eq. 4 data: tests/policies/test_policies_latency)
-        for c, err in [(models.clock[name], models.clock_mape[name])] + (
-                [(models.linear[name], models.linear_mape[name])] if name == "draft" else []):
-            assert c["alpha"] == pytest.approx(a, rel=1e-6)
-            assert c["gamma"] == pytest.approx(g, rel=1e-6)
-            assert c["delta"] == pytest.approx(d, rel=1e-6)
+        for c, err in [(getattr(models.clock, name), models.clock_mape[name])] + (
+                [(getattr(models.linear, name), models.linear_mape[name])] if name == "draft" else []):
+            assert c.alpha == pytest.approx(a, rel=1e-6)
+            assert c.gamma == pytest.approx(g, rel=1e-6)
+            assert c.delta == pytest.approx(d, rel=1e-6)
             assert err < 1e-9
         assert models.prefill[name].per_token_s == pytest.approx(PREFILL[name][0], rel=1e-6)
     # FASER's target load has no context term: on data with a context term it is an approximation
@@ -44,14 +44,14 @@ def test_the_clock_model_recovers_a_sublinear_batch_term_the_linear_model_cannot
     lam = {"draft": 1.2e-3, "target": 2e-3}
     models = fit_profile(write_synthetic_run(tmp_path, lam=lam))
     for name, (a, g, d) in TRUE.items():
-        c = models.clock[name]
-        assert c["lam"] == pytest.approx(lam[name], rel=1e-3)
-        assert (c["alpha"], c["gamma"], c["delta"]) == pytest.approx((a, g, d), rel=1e-3)
+        c = getattr(models.clock, name)
+        assert c.lam == pytest.approx(lam[name], rel=1e-3)
+        assert (c.alpha, c.gamma, c.delta) == pytest.approx((a, g, d), rel=1e-3)
         assert models.clock_mape[name] < 1e-6
     assert models.linear_mape["draft"] > 0.05  # AdaSpec's line misses the curve (why the clock exists)
     # without the curve the clock is AdaSpec's model
     plain = fit_profile(write_synthetic_run(tmp_path / "plain"))
-    assert all(plain.clock[m]["lam"] < 1e-9 for m in TRUE)
+    assert all(getattr(plain.clock, m).lam < 1e-9 for m in TRUE)
 
 
 def test_the_clock_model_prices_decode_passes_and_multi_token_passes_apart(tmp_path):
@@ -60,16 +60,16 @@ def test_the_clock_model_prices_decode_passes_and_multi_token_passes_apart(tmp_p
     them (the synthetic draft rows all feed one token)."""
     lam, multi, alpha_decode = {"target": 1e-3}, {"target": 2e-3}, {"target": 0.4 * TRUE["target"][0]}
     models = fit_profile(write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode))
-    c = models.clock["target"]
-    assert (c["alpha"], c["gamma"], c["delta"]) == pytest.approx(TRUE["target"], rel=1e-3)
-    assert (c["lam"], c["multi"], c["alpha_decode"]) == pytest.approx((1e-3, 2e-3, alpha_decode["target"]), rel=1e-3)
+    c = models.clock.target
+    assert (c.alpha, c.gamma, c.delta) == pytest.approx(TRUE["target"], rel=1e-3)
+    assert (c.lam, c.multi, c.alpha_decode) == pytest.approx((1e-3, 2e-3, alpha_decode["target"]), rel=1e-3)
     assert models.clock_mape["target"] < 1e-6
-    assert models.clock["draft"].get("alpha_decode") is None  # draft rows: one token per row only
-    assert models.linear["target"].get("multi", 0.0) == 0.0  # policies keep AdaSpec's line
-    assert c.get("alpha_ragged") is None  # no decode_ragged rows: a masked decode pass pays α
+    assert models.clock.draft.alpha_decode is None  # draft rows: one token per row only
+    assert models.linear.target.multi == 0.0  # policies keep AdaSpec's line
+    assert c.alpha_ragged is None  # no decode_ragged rows: a masked decode pass pays α
     # a plain profile (no step, one α) fits μ ≈ 0 and α_decode ≈ α
-    plain = fit_profile(write_synthetic_run(tmp_path / "plain")).clock["target"]
-    assert plain["multi"] < 1e-9 and plain["alpha_decode"] == pytest.approx(plain["alpha"], rel=1e-3)
+    plain = fit_profile(write_synthetic_run(tmp_path / "plain")).clock.target
+    assert plain.multi < 1e-9 and plain.alpha_decode == pytest.approx(plain.alpha, rel=1e-3)
 
 
 def test_the_clock_fits_masked_decode_passes_their_own_alpha(tmp_path):
@@ -81,17 +81,17 @@ def test_the_clock_fits_masked_decode_passes_their_own_alpha(tmp_path):
     alpha_ragged = {"target": 0.7 * TRUE["target"][0], "draft": 0.5 * TRUE["draft"][0]}
     run = write_synthetic_run(tmp_path, lam=lam, multi=multi, alpha_decode=alpha_decode, alpha_ragged=alpha_ragged)
     models = fit_profile(run)
-    t = models.clock["target"]
-    assert (t["alpha"], t["alpha_decode"], t["alpha_ragged"]) == pytest.approx(
+    t = models.clock.target
+    assert (t.alpha, t.alpha_decode, t.alpha_ragged) == pytest.approx(
         (TRUE["target"][0], alpha_decode["target"], alpha_ragged["target"]), rel=1e-3)
-    assert (t["gamma"], t["delta"], t["lam"], t["multi"]) == pytest.approx((*TRUE["target"][1:], 1e-3, 2e-3), rel=1e-3)
+    assert (t.gamma, t.delta, t.lam, t.multi) == pytest.approx((*TRUE["target"][1:], 1e-3, 2e-3), rel=1e-3)
     # the synthetic draft rows all feed one token: α is its maskless rows' (no α_decode to tell apart)
-    d = models.clock["draft"]
-    assert d["alpha_decode"] is None
-    assert (d["alpha"], d["alpha_ragged"]) == pytest.approx((TRUE["draft"][0], alpha_ragged["draft"]), rel=1e-3)
+    d = models.clock.draft
+    assert d.alpha_decode is None
+    assert (d.alpha, d.alpha_ragged) == pytest.approx((TRUE["draft"][0], alpha_ragged["draft"]), rel=1e-3)
     assert models.clock_mape["target"] < 1e-6 and models.clock_mape["draft"] < 1e-6
-    assert models.linear["target"] == fit_profile(write_synthetic_run(
-        tmp_path / "maskless", lam=lam, multi=multi, alpha_decode=alpha_decode)).linear["target"]
+    assert models.linear.target == fit_profile(write_synthetic_run(
+        tmp_path / "maskless", lam=lam, multi=multi, alpha_decode=alpha_decode)).linear.target
 
 
 def test_fit_is_robust_to_measurement_noise(tmp_path):

@@ -115,7 +115,7 @@ def test_no_sd_replays_price_the_target_by_the_plain_engine_clock_when_profiled(
     plain = (0.5e-6, 1e-4, 4e-3)
     run = write_synthetic_run(tmp_path, plain=plain)
     models = fit_profile(run)
-    assert (models.clock_plain["alpha"], models.clock_plain["gamma"], models.clock_plain["delta"]) == \
+    assert (models.clock_plain.alpha, models.clock_plain.gamma, models.clock_plain.delta) == \
         pytest.approx(plain, rel=1e-3)
     write_fit(run, models)
     requests = [ServeRequest(i, 0.0, SyntheticPrompt(40, 4096, i), 20, "code") for i in range(2)]
@@ -142,7 +142,7 @@ def test_a_vllm_profiles_draft_round_is_fitted_and_charged_once_per_round(tmp_pa
     run = write_synthetic_run(tmp_path, engine="vllm", draft_round=round_coef)
     models = fit_profile(run)
     fitted = models.clock_draft_round
-    assert (fitted["alpha"], fitted["gamma"], fitted["delta"]) == pytest.approx(round_coef, rel=1e-3)
+    assert (fitted.alpha, fitted.gamma, fitted.delta) == pytest.approx(round_coef, rel=1e-3)
     assert models.draft_step_mape == pytest.approx(0.0, abs=1e-3)
     assert models.clock_draft_round_error == pytest.approx(0.0, abs=1e-3)
     write_fit(run, models)

@@ -135,7 +135,7 @@ def test_gzipped_jsonl_by_content(tmp_path):
 @pytest.mark.parametrize("content, line, words", [
     (b"", None, "empty"),
     (b"  \n\n", None, "empty"),
-    (b'{"prompt": "a"}\n{"prompt": "b"\n', 2, "malformed JSON"),
+    (b'{"prompt": "a"}\n{"prompt": "b"\n', 2, "not valid JSON"),
     (b'{"task_id": "x", "prompt": "a"}\n\n{"task_id": "y"}\n', 3, "missing field 'prompt'"),
     (b'{"question": "a"}\n{"question": 3}\n', 2, "must be a string"),
     (b'{"turns": []}\n', 1, "non-empty list"),

@@ -118,7 +118,9 @@ def served_max_model_len(model_dir: Path, needed: int) -> int:
     572 or 2048), so a profile taken at one length would mis-price a replay at another."""
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        cfg = {}
+    if not isinstance(cfg, dict):
         cfg = {}
     own = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
     return max(int(own) if isinstance(own, int) and own > 0 else DEFAULT_MAX_MODEL_LEN, int(needed))
@@ -129,8 +131,10 @@ def config_vocab_size(model_dir: Path) -> int:
     path = Path(model_dir) / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the model config: {exc}", path=path) from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"cannot read the model config: {type(exc).__name__}: {exc}", path=path) from None
+    if not isinstance(cfg, dict):
+        raise InputError("the model config is not a JSON object", path=path)
     vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise InputError("config.json has no vocab_size", path=path)

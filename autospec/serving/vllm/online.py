@@ -34,7 +34,6 @@ from autospec.calibration import read_fit_models
 from autospec.contract import LatencyModel, RequestView, StepContext, StepOutcome
 from autospec.engines.base import offers
 from autospec.errors import InputError
-from autospec.latency import LinearLatencyModel
 from autospec.policies import build_length
 from autospec.policies.base import FixedLengthPolicy
 
@@ -101,7 +100,7 @@ class OnlineLength:
                              field="fit")
         model = None
         if fit is not None:  # fit/models.json, read as `autospec.fit.load_fit` reads it; its latency model
-            model = LinearLatencyModel.from_dict(read_fit_models(fit).linear)
+            model = read_fit_models(fit).linear.latency_model()
         return cls(policy, int(settings["k_max"]), float(settings.get("temperature", 0.0)), model,
                    str(settings.get("strategy", policy_name)))
 

@@ -1,0 +1,374 @@
+"""A corpus of hand-made bad inputs, one per way a user (or a crash, or a copy gone wrong) can break a file
+or a flag, run through the real command line (`autospec.cli.main`, what the console script calls).
+
+Every case must end the same way (issue 17): exit code 2, exactly one line on stderr that starts with
+`error:` and names the problem, no traceback, and nothing written anywhere. The files are built here,
+from numbers and words this project wrote; none comes from a third party.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from autospec.cli import main
+
+from stage_helpers import K_MAX, synthetic_workload, write_synthetic_run
+
+REPO = Path(__file__).resolve().parents[2]
+CI_PROFILE = REPO / "reports" / "ci-profile"
+WORKLOAD = synthetic_workload("hostile", rate=4, duration_s=3, max_requests=8, prompt_tokens=32, output_tokens=8,
+                              domains=False)
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past Python's recursion limit
+
+
+def _files(root: Path) -> dict[str, int | None]:
+    """Every path under `root`, with its modification time for a regular file (a folder's changes when
+    the --out check creates and removes its probe folder: that is not a write of an artifact)."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns if p.is_file() else None for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def valid(tmp_path_factory) -> dict[str, Path]:
+    """Valid inputs the cases break one thing in: a fitted synthetic run, a workload, an evaluation."""
+    root = tmp_path_factory.mktemp("valid")
+    run = write_synthetic_run(root / "run")
+    assert main(["fit", str(run)]) == 0
+    (root / "w.toml").write_text(WORKLOAD)
+    rc = main(["evaluate", "--workload", str(root / "w.toml"), "--strategies", "static-k2", "--engine", "sim",
+               "--profile", str(run), "--out", str(root / "eval-run"), "--k-max", str(K_MAX), "--no-capacity",
+               "--no-shift"])
+    assert rc == 0
+    return {"run": run, "workload": root / "w.toml", "eval": root / "eval-run"}
+
+
+def refuse(tmp_path: Path, capsys, argv: list, needle: str) -> str:
+    """Run the CLI in `tmp_path`; assert the one-line refusal (exit 2, `needle` in it) and that nothing
+    under `tmp_path` was written or touched. Returns the line."""
+    before = _files(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        rc = main([str(a) for a in argv])
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr()
+    lines = out.err.strip("\n").split("\n")
+    assert rc == 2, (rc, out.err, out.out[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error:"), out.err
+    assert "Traceback" not in out.err + out.out
+    assert needle.lower() in lines[0].lower(), (needle, lines[0])
+    assert _files(tmp_path) == before, "a refused command wrote or touched files"
+    return lines[0]
+
+
+def copy_run(valid: dict[str, Path], tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(valid["run"], run)
+    return run
+
+
+def edit_json(path: Path, edit: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def sim_eval(valid: dict[str, Path], run: Path, out: Path) -> list:
+    return ["evaluate", "--workload", valid["workload"], "--strategies", "static-k2", "--engine", "sim",
+            "--profile", run, "--out", out, "--k-max", K_MAX, "--no-capacity", "--no-shift"]
+
+
+# --- fit/models.json: the simulator's clock and acceptance, hand-edited or corrupted -------------------
+
+def _models(key: str, value) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        target = data
+        *parents, last = key.split(".")
+        for part in parents:
+            target = target[part]
+        if value is KeyError:
+            del target[last]
+        else:
+            target[last] = value
+    return edit
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("linear.target.alpha", float("nan"), "finite"),
+    ("linear.target.alpha", float("inf"), "finite"),
+    ("linear.target.alpha", -1e-6, "greater than or equal"),
+    ("linear.target.alpha", "0.1", "valid number"),
+    ("linear.draft", "x", "linear.draft"),
+    ("linear", {}, "linear"),
+    ("clock.target", None, "clock.target"),
+    ("clock.target.delta", 1e308, "less than or equal"),
+    ("prefill.target", KeyError, "prefill"),
+    ("prefill.target.fixed_s", -5.0, "prefill.target.fixed_s"),
+    ("k_max", "8", "k_max"),
+    ("per_position_acceptance.code", [1.5, 0.5], "per_position_acceptance"),
+    ("sps.values", [], "sps"),
+    ("calibration.chosen", "nonsense", "chosen calibrator"),
+])
+def test_a_broken_fit_is_refused_naming_the_field(valid, tmp_path, capsys, key, value, needle):
+    run = copy_run(valid, tmp_path)
+    edit_json(run / "fit" / "models.json", _models(key, value))
+    line = refuse(tmp_path, capsys, sim_eval(valid, run, tmp_path / "out"), needle)
+    assert "models.json" in line
+
+
+def test_a_fit_whose_clock_never_advances_is_refused(valid, tmp_path, capsys):
+    run = copy_run(valid, tmp_path)
+
+    def zero(data: dict) -> None:
+        for table in ("linear", "clock"):
+            for model in ("draft", "target"):
+                data[table][model].update(alpha=0.0, gamma=0.0, delta=0.0, lam=0.0, multi=0.0)
+    edit_json(run / "fit" / "models.json", zero)
+    refuse(tmp_path, capsys, sim_eval(valid, run, tmp_path / "out"), "never advance")
+
+
+def test_json_nested_past_the_parser_is_an_input_error(valid, tmp_path, capsys):
+    run = copy_run(valid, tmp_path)
+    (run / "fit" / "models.json").write_text(DEEP)
+    refuse(tmp_path, capsys, sim_eval(valid, run, tmp_path / "out"), "nested too deeply")
+
+
+# --- profile/: the measurements the fit reads ----------------------------------------------------------
+
+def test_profile_tables_with_impossible_values_are_refused(valid, tmp_path, capsys):
+    import numpy as np
+
+    from autospec.artifacts import read_parquet, write_parquet
+    from autospec.calibration import ACCEPTANCE_COLUMNS, LATENCY_COLUMNS
+
+    for table, columns, column, value, needle in (
+            ("acceptance", ACCEPTANCE_COLUMNS, "match_len", -3, "match_len"),
+            ("acceptance", ACCEPTANCE_COLUMNS, "match_len", 99, "match_len"),
+            ("latency", LATENCY_COLUMNS, "median_s", np.nan, "median_s"),
+            ("latency", LATENCY_COLUMNS, "median_s", -0.01, "median_s"),
+            ("latency", LATENCY_COLUMNS, "phase", "warp", "phase")):
+        case = tmp_path / f"{table}-{column}-{value}"
+        case.mkdir()
+        run = copy_run(valid, case)
+        shutil.rmtree(run / "fit")
+        frame = read_parquet(run / "profile" / f"{table}.parquet", columns)
+        frame.loc[3, column] = value
+        write_parquet(run / "profile" / f"{table}.parquet", frame)
+        line = refuse(case, capsys, ["fit", run], needle)
+        assert f"{table}.parquet" in line and "row 3" in line
+
+
+def test_a_profile_json_of_the_wrong_shape_is_refused(valid, tmp_path, capsys):
+    run = copy_run(valid, tmp_path)
+    shutil.rmtree(run / "fit")
+    edit_json(run / "profile" / "profile.json", _models("settings.k_max", "x"))
+    refuse(tmp_path, capsys, ["fit", run], "settings.k_max")
+
+
+# --- the summaries report and gate read ---------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("strategies", "x", "strategies"),
+    ("strategies", {}, "strategies"),
+    ("engine", "torch", "engine"),
+    ("workload", [1, 2], "workload"),
+    ("findings", ["a"], "findings"),
+    ("strategies.static-k2.tpot_mean.mean", "fast", "tpot_mean"),
+])
+def test_report_refuses_a_summary_of_the_wrong_shape(valid, tmp_path, capsys, key, value, needle):
+    run = tmp_path / "r"
+    shutil.copytree(valid["eval"], run)
+
+    def edit(data: dict) -> None:
+        target = data
+        *parents, last = key.split(".")
+        for part in parents:
+            target = target[part]
+        target[last] = value
+    edit_json(run / "eval" / "summary.json", edit)
+    line = refuse(tmp_path, capsys, ["report", run, "-o", tmp_path / "report.html"], needle)
+    assert "summary.json" in line
+
+
+def test_report_refuses_requests_without_the_columns_it_plots(valid, tmp_path, capsys):
+    from autospec.artifacts import read_parquet, write_parquet
+
+    run = tmp_path / "r"
+    shutil.copytree(valid["eval"], run)
+    frame = read_parquet(run / "eval" / "requests.parquet")
+    write_parquet(run / "eval" / "requests.parquet", frame.drop(columns=["output_len"]))
+    refuse(tmp_path, capsys, ["report", run], "output_len")
+
+
+def test_report_refuses_a_summary_that_is_a_pipe_or_a_folder(valid, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(valid["eval"], run)
+    (run / "eval" / "summary.json").unlink()
+    os.mkfifo(run / "eval" / "summary.json")
+    refuse(tmp_path, capsys, ["report", run, "-o", tmp_path / "x.html"], "not a regular file")
+    (run / "eval" / "summary.json").unlink()
+    (run / "eval" / "summary.json").mkdir()
+    refuse(tmp_path, capsys, ["report", run, "-o", tmp_path / "x.html"], "not a regular file")
+
+
+@pytest.mark.parametrize("value, needle", [(float("inf"), "finite"), (float("-inf"), "finite"),
+                                           (1e308, "plausible"), ("1", "finite number")])
+def test_gate_refuses_metrics_that_are_not_measurements(valid, tmp_path, capsys, value, needle):
+    bad = tmp_path / "bad.json"
+    shutil.copyfile(valid["eval"] / "eval" / "summary.json", bad)
+    edit_json(bad, lambda d: d["strategies"]["static-k2"]["goodput"].update(mean=value))
+    refuse(tmp_path, capsys, ["gate", "--baseline", valid["eval"], "--candidate", bad], "goodput")
+
+
+def test_gate_refuses_a_disturbed_measurement_unless_told(valid, tmp_path, capsys):
+    bad = tmp_path / "busy.json"
+    shutil.copyfile(valid["eval"] / "eval" / "summary.json", bad)
+    edit_json(bad, lambda d: d.update(disturbed=True, host_load={
+        "disturbed": True, "note": "measurements disturbed: other processes used 97% of the CPU time"}))
+    line = refuse(tmp_path, capsys, ["gate", "--baseline", valid["eval"], "--candidate", bad], "disturbed host")
+    assert "97%" in line and "--allow-disturbed" in line
+    rc = main(["gate", "--baseline", str(bad), "--candidate", str(bad), "--allow-disturbed"])
+    assert rc == 0
+    capsys.readouterr()
+
+
+def test_gate_flags_out_of_range_are_one_line(valid, tmp_path, capsys):
+    base = valid["eval"]
+    refuse(tmp_path, capsys, ["gate", "--baseline", base, "--candidate", base, "--collapse-floor", "nan"],
+           "collapse-floor")
+    refuse(tmp_path, capsys, ["gate", "--baseline", base, "--candidate", base, "--collapse-floor", "high"],
+           "collapse-floor")
+    refuse(tmp_path, capsys, ["gate", "--candidate", base], "--baseline")
+    refuse(tmp_path, capsys, ["gate", "--baseline", base, "--candidate", tmp_path / "deep.json"], "file not found")
+    (tmp_path / "deep.json").write_text(DEEP)
+    refuse(tmp_path, capsys, ["gate", "--baseline", base, "--candidate", tmp_path / "deep.json"],
+           "nested too deeply")
+
+
+# --- strategy presets --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, needle", [
+    (bytes(range(256)), "UTF-8"),
+    ('[strategy]\nname = "caf\xe9"\n'.encode("latin-1"), "UTF-8"),
+    (("x = " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nested too deeply"),
+    (b"[strategy\nname = 1\n", "invalid TOML"),
+    (b'[strategy]\nname = "no-sd"\n[length]\npolicy = "static"\nk = 3\n', "no-sd"),
+    (b'[strategy]\nname = "k100"\n[length]\npolicy = "static"\nk = 100\n', "K_max"),
+])
+def test_bad_preset_files_are_refused(valid, tmp_path, capsys, content, needle):
+    preset = tmp_path / "p.toml"
+    preset.write_bytes(content)
+    argv = sim_eval(valid, valid["run"], tmp_path / "out")
+    argv[argv.index("static-k2")] = preset
+    refuse(tmp_path, capsys, argv, needle)
+
+
+def test_a_preset_name_too_long_for_the_os_is_refused(valid, tmp_path, capsys):
+    argv = sim_eval(valid, valid["run"], tmp_path / "out")
+    argv[argv.index("static-k2")] = "x" * 100_000
+    refuse(tmp_path, capsys, argv, "not a preset name or file")
+
+
+# --- workloads and traces -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workload, needle", [
+    (WORKLOAD.replace('generator = "poisson"', 'generator = "gamma"\ncv = 1e6'), "cv"),
+    (WORKLOAD.replace('generator = "poisson"', 'generator = "onoff"\non_s = 1e-9\noff_s = 1e-9'), "on_s"),
+    (WORKLOAD.replace("seed = 0", "seed = -1"), "seed"),
+    (WORKLOAD.replace("rate = 4.0", "rate = 1e12"), "rate"),
+])
+def test_workload_specs_that_would_hang_or_fill_memory_are_refused(valid, tmp_path, capsys, workload, needle):
+    path = tmp_path / "w.toml"
+    path.write_text(workload)
+    argv = sim_eval(valid, valid["run"], tmp_path / "out")
+    argv[argv.index(valid["workload"])] = path
+    refuse(tmp_path, capsys, argv, needle)
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1e30,10\n", "more than any model reads"),
+    ("TIMESTAMP,ContextTokens,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,2,10\n", "appears twice"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+00:00,10,10\n2023-11-16 18:15:47,10,10\n"
+     "2023-11-16 18:15:48+02:00,10,10\n", "UTC offset"),
+])
+def test_bad_traces_are_refused_naming_the_line(valid, tmp_path, capsys, rows, needle):
+    (tmp_path / "trace.csv").write_text(rows)
+    (tmp_path / "w.toml").write_text('[workload]\ntrace = "trace.csv"\nformat = "azure"\nprompts = []\n')
+    argv = sim_eval(valid, valid["run"], tmp_path / "out")
+    argv[argv.index(valid["workload"])] = tmp_path / "w.toml"
+    line = refuse(tmp_path, capsys, argv, needle)
+    assert "trace.csv:" in line
+
+
+def test_mixed_utc_offsets_are_put_in_order():
+    """Offsets are normalised to UTC (docs/inputs.md): 18:15:48+02:00 is 16:15:48 UTC, the earliest."""
+    import tempfile
+
+    from autospec.workloads.loaders import load_azure
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.csv"
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+00:00,10,1\n"
+                        "2023-11-16 18:15:48+02:00,20,2\n2023-11-16 18:15:47-01:00,30,3\n")
+        rows = list(load_azure(path).requests())
+    assert [(r.prompt_len, r.arrival_s) for r in sorted(rows, key=lambda r: r.arrival_s)] == [
+        (20, 0.0), (10, 7198.0), (30, 10799.0)]
+
+
+# --- prompt files ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "directory"),
+    (lambda p: p.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n'), "UTF-8"),
+    (lambda p: p.write_text('{"prompt": "a"}\n' + "[" * 100_000 + "\n"), "nested too deeply"),
+    (lambda p: p.write_text('{"prompt": "' + "word " * 3000 + '"}\n'), "context window"),
+])
+def test_bad_prompt_files_are_refused(tmp_path, capsys, make, needle):
+    make(tmp_path / "prompts.jsonl")
+    refuse(tmp_path, capsys, ["generate", "--prompts", tmp_path / "prompts.jsonl", "--max-tokens", "4"], needle)
+
+
+# --- run configs and flags ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config, needle", [
+    ("stages = []\n", "stages"),
+    ("stages = [\"report\"]\n", "nothing to report"),
+    ('stages = ["profile", "fit", "evaluate"]\n[evaluate]\nstrategies = ["no-such-preset"]\n',
+     "evaluate.strategies"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\nstrategies = ["no-such-preset"]\n', "tune.strategies"),
+    ("[engine]\ndevice = \"tpu\"\n", "engine.device"),
+    ("[engine]\nseed = -1\n", "engine.seed"),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+])
+def test_bad_run_configs_are_refused_before_any_stage_writes(tmp_path, capsys, config, needle):
+    (tmp_path / "run.toml").write_text(config)
+    refuse(tmp_path, capsys, ["run", tmp_path / "run.toml", "--out", tmp_path / "out"], needle)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["evaluate", "--workload", "w.toml", "--strategies", "no-sd", "--engine", "sim", "--profile", "p",
+      "--out", "out", "--seed", "-1"], "--seed"),
+    (["generate", "--device", "tpu"], "device"),
+    (["generate", "--max-tokens", "many"], "--max-tokens"),
+    (["presets", "extra"], "unexpected extra argument"),
+    (["no-such-command"], "no such command"),
+    (["gate"], "--baseline"),
+])
+def test_bad_flags_get_one_line(tmp_path, capsys, argv, needle):
+    refuse(tmp_path, capsys, argv, needle)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(valid, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("not a folder")
+    for out, needle in ((tmp_path / "a-file", "not a directory"), (tmp_path / "a-file" / "below", "not a directory"),
+                        (Path("/proc/autospec-hostile"), "cannot write")):
+        refuse(tmp_path, capsys, sim_eval(valid, valid["run"], out), needle)
+        refuse(tmp_path, capsys, ["report", valid["eval"], "-o", out / "r.html"], needle)
+    refuse(tmp_path, capsys, ["report", valid["eval"], "-o", tmp_path], "is a directory")

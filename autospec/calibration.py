@@ -45,8 +45,10 @@ def read_latency_table(run_dir: str | Path) -> pd.DataFrame:
     simulator, its clock never advancing)."""
     path = Path(run_dir) / "profile" / "latency.parquet"
     frame = read_parquet(path, LATENCY_COLUMNS)
-    numbers = {c: pd.to_numeric(frame[c], errors="coerce").to_numpy(float)
-               for c in ("batch", "tokens", "context", "median_s", "mad_s", "repeats")}
+    for c in ("batch", "tokens", "context", "median_s", "mad_s", "repeats"):
+        if not pd.api.types.is_numeric_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c]):
+            raise InputError(f"{c} must be a column of numbers, not {frame[c].dtype}", path=path, field=c)
+    numbers = {c: frame[c].to_numpy(float) for c in ("batch", "tokens", "context", "median_s", "mad_s", "repeats")}
     _first_bad(frame, [
         (~frame["model"].isin(LATENCY_MODELS), f"model must be one of {', '.join(LATENCY_MODELS)}"),
         (~frame["phase"].isin(LATENCY_PHASES), f"phase must be one of {', '.join(LATENCY_PHASES)}"),

@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from autospec.errors import InputError, parse_toml, read_text_file
 from autospec.hub import looks_like_hub_id, resolve_pair
@@ -44,9 +53,17 @@ class PairSpec(_Model):
 
     target: Path = BUNDLED_TARGET
     draft: Path | None = BUNDLED_DRAFT  # None = no draft model (plain decoding only)
-    allow_download: bool = False  # a hub id missing from the local cache may be downloaded
+    allow_download: StrictBool = False  # a hub id missing from the local cache may be downloaded
     # the names the user gave hub models, by role (set by resolved(); config.toml writes them back)
     _hub_names: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("target", "draft", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        # "" would become Path("."), the config's own folder once resolved: never what was meant
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("an empty path; name a model directory or a hub id (omit draft for no draft)")
+        return value
 
     def is_bundled(self) -> bool:
         return self.target == BUNDLED_TARGET and self.draft == BUNDLED_DRAFT
@@ -97,14 +114,14 @@ class GenerateSpec(_Model):
     dataset_path: Path | None = None
     random_input_len: int = Field(128, ge=1)  # dataset "random": prompt length in tokens ...
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)  # ... drawn from [L(1-r), L(1+r)]
-    allow_download: bool = False  # a dataset missing locally may be fetched from the Hugging Face Hub
+    allow_download: StrictBool = False  # a dataset missing locally may be fetched from the Hugging Face Hub
     strategy: str = "static-k4"
     k: int | None = Field(None, ge=0)  # shorthand: static K (0 = no SD); overrides `strategy`
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(64, ge=1)
     batch_size: int = Field(8, ge=1)
-    ignore_eos: bool = False
-    compare_to_no_sd: bool = False  # also run K=0 and report the speed-up
+    ignore_eos: StrictBool = False
+    compare_to_no_sd: StrictBool = False  # also run K=0 and report the speed-up
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> "GenerateSpec":
@@ -149,7 +166,7 @@ class SloSpec(_Model):
 
 
 class ProfileStage(_Model):
-    quick: bool = True  # the ≤ 3 min CPU grid; false = the full grid
+    quick: StrictBool = True  # the ≤ 3 min CPU grid; false = the full grid
     k_max: int = Field(8, ge=1, le=32)
     reuse: Path | None = None  # an already profiled (+ fitted) run directory: skip profile (and fit)
 
@@ -185,7 +202,7 @@ class EvaluateStage(_Model):
     # On the simulator: these plus the tuned strategy; on the real engine: real_strategies plus it.
     strategies: list[str] = Field(default_factory=lambda: ["no-sd", "static-k2", "static-k4", "adaspec", "oracle"])
     real_strategies: list[str] = Field(default_factory=lambda: ["no-sd"])
-    real_engine: bool = True  # also replay on the torch engine (the simulator-vs-real comparison)
+    real_engine: StrictBool = True  # also replay on the torch engine (the simulator-vs-real comparison)
     repeats: int = Field(1, ge=1)
 
 

@@ -123,7 +123,7 @@ class EvaluateSpec(BaseModel):
     slo: Slo = Slo()  # config.SloSpec's default
     max_batch: int = Field(8, ge=1)
     kv_budget_tokens: int | None = Field(None, ge=1)  # None = no KV limit beyond the engine's memory
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     k_max: int = Field(8, ge=1, le=32)
     seed: int = 0
     pair: PairSpec = PairSpec()  # torch and vllm engines

@@ -694,6 +694,8 @@ class FittedSimEngine(SimEngine):
         fit_path = Path(fit_dir) if fit_dir is not None else root / "fit"
         if fit_dir is not None or (fit_path / "models.json").is_file():
             fit = load_fit(fit_path)
+            if (root / "profile" / "latency.parquet").exists():  # the fit prices the clock; the profile beside
+                read_latency_table(root)  # it must still be sound (a NaN latency once passed unnoticed)
         else:
             fit = FitResult(fit_profile(root))
         frame = read_acceptance_table(root)

@@ -95,6 +95,11 @@ def check_before_any_stage(spec: RunSpec, stages: list[str], out_dir: Path) -> N
     if "tune" in stages:
         _with_prefix("tune.strategies", lambda: candidate_specs(spec.tune.strategies))
     if "evaluate" in stages:
+        for field, names in (("evaluate.strategies", spec.evaluate.strategies),
+                             ("evaluate.real_strategies", spec.evaluate.real_strategies if spec.evaluate.real_engine
+                              else ["no-sd"])):
+            if not names and "tune" not in stages:  # tune would add its pick; without it nothing is evaluated
+                raise InputError("lists no strategy, and no tune stage adds one", field=field)
         _with_prefix("evaluate.strategies", lambda: resolve_strategies(spec.evaluate.strategies))
         if spec.evaluate.real_engine:
             _with_prefix("evaluate.real_strategies", lambda: resolve_strategies(spec.evaluate.real_strategies))

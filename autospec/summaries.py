@@ -88,7 +88,7 @@ class TuneSummaryShape(BaseModel):
     direction: str | None = None
     directions: list[str] | None = None
     scope: str | None = None
-    best: TrialRecord | None = None
+    best: TrialRecord  # what the report shows first; a summary without it is not one tune wrote
     best_deployable: TrialRecord | None = None
     confirmed: Confirmation | None = None
     deploy: dict[str, Any] | None = None

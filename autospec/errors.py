@@ -10,9 +10,12 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["InputError", "Interrupted", "parse_json", "parse_toml", "read_text_file"]
+import numpy as np
+
+__all__ = ["InputError", "Interrupted", "decode_utf8", "existing_file", "first_flagged", "parse_json", "parse_toml",
+           "read_bytes_file", "read_text_file"]
 
 
 class InputError(Exception):
@@ -98,21 +101,54 @@ def parse_toml(text: str, *, path: str | Path | None = None) -> dict[str, Any]:
         raise InputError("invalid TOML: nested too deeply", path=path) from None
 
 
-def read_text_file(path: str | Path, what: str = "file") -> str:
-    """A small text file the user names (a config, a preset) as UTF-8: InputError for a missing path, a
-    directory or a pipe (whose read would block for ever), an unreadable file, a name the OS refuses
-    (too long) and a byte that is not UTF-8 (with its line)."""
+def existing_file(path: str | Path, what: str = "file") -> Path:
+    """`path` as a regular file: InputError for a missing path, a directory, or a pipe or device (whose
+    read would block for ever or never end), and for a name the OS refuses (too long)."""
     path = Path(path)
     try:
         if not path.exists():
             raise InputError(f"{what} not found", path=path)
+        if path.is_dir():
+            raise InputError(f"{what} is a directory, expected a file", path=path)
         if not path.is_file():
-            raise InputError(f"{what} is not a regular file", path=path)
-        data = path.read_bytes()
+            raise InputError(f"{what} is not a regular file (a pipe or a device); save the data to a file", path=path)
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror or exc}", path=str(path)[:200]) from None
+    return path
+
+
+def read_bytes_file(path: str | Path, what: str = "file") -> bytes:
+    """The bytes of a regular file (see existing_file), an unreadable one an InputError."""
+    path = existing_file(path, what)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", path=path) from None
+
+
+def decode_utf8(data: bytes, path: str | Path, what: str = "file") -> str:
+    """`data` as UTF-8 (a leading BOM dropped); a byte that is not UTF-8 is an InputError with its line."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x})", path=path,
-                         line=data.count(b"\n", 0, exc.start) + 1) from None
+        raise InputError(f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x}); re-save it as UTF-8",
+                         path=path, line=data.count(b"\n", 0, exc.start) + 1) from None
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """A small text file the user names (a config, a preset) as UTF-8 (see read_bytes_file, decode_utf8)."""
+    return decode_utf8(read_bytes_file(path, what), path, what)
+
+
+def first_flagged(checks: Sequence[tuple[Any, Any]]) -> tuple[int, str] | None:
+    """The earliest row any (mask, message) check flags, with its message, or None. `message` is a text
+    or a function of the row (for messages that quote the row's value)."""
+    first: tuple[int, Any] | None = None
+    for mask, message in checks:
+        hits = np.flatnonzero(np.asarray(mask, bool))
+        if len(hits) and (first is None or hits[0] < first[0]):
+            first = (int(hits[0]), message)
+    if first is None:
+        return None
+    row, message = first
+    return row, (message(row) if callable(message) else message)

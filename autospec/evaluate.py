@@ -236,11 +236,8 @@ def open_torch_replay(trace: Trace, pair: PairSpec, strategies: list[StrategySpe
 
     engine = build_engine(pair, EngineSpec(device=device, k_max=k_max, seed=seed), temperature)
     requests = trace_requests(trace, _torch_prompts(trace, engine, pair))
-    for request in requests:  # before any run: a request past the models' context window is refused
-        try:
-            engine.check_fits(len(request.prompt), request.max_tokens)
-        except InputError as exc:
-            raise InputError(f"request {request.req_id}: {exc.problem}", field="workload") from None
+    # before any run: a request past the models' context window is refused
+    engine.check_all_fit(((f"request {r.req_id}", len(r.prompt), r.max_tokens) for r in requests), "workload")
     if latency_model is None and any(_needs_latency_model(s) for s in strategies):
         latency_model = (load_fit(profile).latency_model if profile is not None
                          else quick_latency_model(engine))

@@ -75,11 +75,8 @@ def run_generate(
         raise InputError("no prompts to generate from", field="prompts")
     if batch_size < 1:
         raise InputError(f"batch size must be >= 1, got {batch_size}", field="batch_size")
-    for i, ids in enumerate(prompt_ids):  # every prompt before the first batch runs
-        try:
-            engine.check_fits(len(ids), max_tokens)
-        except InputError as exc:
-            raise InputError(f"prompt {i + 1}: {exc.problem}", field="prompts") from None
+    # every prompt before the first batch runs
+    engine.check_all_fit(((f"prompt {i + 1}", len(ids), max_tokens) for i, ids in enumerate(prompt_ids)), "prompts")
     engine.set_draft_sampling(strategy.execution.draft_sampling)
     settings = StepSettings(k_max=engine.k_max, temperature=engine.temperature, latency_model=latency_model)
     outputs: list[list[int]] = [[] for _ in prompt_ids]

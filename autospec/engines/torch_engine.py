@@ -35,7 +35,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +172,15 @@ class TorchSDEngine:
                              f"{self.k_max} drafts) needs {need} positions, more than the models' context window "
                              f"of {limit}; shorten it (a workload's max_prompt_tokens / max_output_tokens clip "
                              "its requests)", field="prompt")
+
+    def check_all_fit(self, shapes: Iterable[tuple[str, int, int]], field: str) -> None:
+        """check_fits for every (name, prompt length, max new tokens) before any runs, the first refusal
+        naming its request (e.g. "request r12", "prompt 3") under `field`."""
+        for name, prompt_len, max_tokens in shapes:
+            try:
+                self.check_fits(prompt_len, max_tokens)
+            except InputError as exc:
+                raise InputError(f"{name}: {exc.problem}", field=field) from None
 
     def now(self) -> float:
         return time.perf_counter()

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from autospec.errors import InputError, parse_json
+from autospec.errors import InputError, decode_utf8, existing_file, parse_json, read_bytes_file
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF_BYTES = 65536
@@ -24,22 +24,13 @@ def read_text(path: str | Path) -> str:
     Raises InputError for a missing file, a directory, a corrupt gzip stream, a non-UTF-8 byte (naming
     the line it sits on) and a file with nothing but whitespace in it.
     """
-    path = _existing_file(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read file: {exc.strerror or exc}", path=path) from None
+    data = read_bytes_file(path)
     if data[:2] == _GZIP_MAGIC:  # trust the bytes, not the file name
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(f"not a valid gzip file ({exc})", path=path) from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x}); re-save the file as UTF-8",
-                         path=path, line=line) from None
+    text = decode_utf8(data, path)
     if not text.strip():
         raise InputError("file is empty", path=path)
     return text
@@ -50,7 +41,7 @@ def first_line(path: str | Path) -> str:
 
     Decoding problems are left for the full read to report with their line; an empty file is an error.
     """
-    path = _existing_file(path)
+    path = existing_file(path)
     try:
         with open(path, "rb") as handle:
             head = handle.read(_SNIFF_BYTES)
@@ -65,17 +56,6 @@ def first_line(path: str | Path) -> str:
     if len(head) < _SNIFF_BYTES:
         raise InputError("file is empty", path=path)
     return ""
-
-
-def _existing_file(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise InputError("file not found", path=path)
-    if path.is_dir():
-        raise InputError("is a directory, expected a file", path=path)
-    if not path.is_file():  # a named pipe with no writer would block the read for ever, a device never end
-        raise InputError("not a regular file (a pipe or a device); save the data to a file", path=path)
-    return path
 
 
 def line_of(text: str, offset: int) -> int:

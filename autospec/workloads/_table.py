@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from autospec.errors import InputError
+from autospec.errors import InputError, first_flagged
 from autospec.workloads._io import read_text
 
 _NAN_WORDS = {"nan", "+nan", "-nan"}
@@ -68,14 +68,9 @@ class Table:
 
     def raise_first(self, checks: Sequence[tuple[np.ndarray, object]], column: str | None = None) -> None:
         """Raise for the earliest row flagged by any (mask, message-for-row) check; do nothing if none is."""
-        first: tuple[int, str] | None = None
-        for mask, message in checks:
-            hits = np.flatnonzero(mask)
-            if len(hits) and (first is None or hits[0] < first[0]):
-                first = (int(hits[0]), message(int(hits[0])))  # type: ignore[operator]
-        if first is not None:
-            raise self.error(first[1], first[0], column)
-
+        flagged = first_flagged(checks)
+        if flagged is not None:
+            raise self.error(flagged[1], flagged[0], column)
 
 def read_table(path: str | Path, required: Sequence[str], *, header: bool = True,
                names: Sequence[str] | None = None) -> Table:

@@ -393,3 +393,11 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(valid,
         refuse(tmp_path, capsys, sim_eval(valid, valid["run"], out), needle)
         refuse(tmp_path, capsys, ["report", valid["eval"], "-o", out / "r.html"], needle)
     refuse(tmp_path, capsys, ["report", valid["eval"], "-o", tmp_path], "is a directory")
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(valid, tmp_path, capsys):
+    # `--out "$OUT"` with OUT unset: the run must not land in whatever folder the shell is in
+    refuse(tmp_path, capsys, sim_eval(valid, valid["run"], ""), "an empty path")
+    refuse(tmp_path, capsys, ["report", valid["eval"], "-o", ""], "an empty path")
+    refuse(tmp_path, capsys, ["report", ""], "an empty path")
+    refuse(tmp_path, capsys, ["evaluate", "--workload", " ", "--out", "x"], "an empty path")

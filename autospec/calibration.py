@@ -17,9 +17,10 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autospec.artifacts import read_json, read_parquet
-from autospec.errors import InputError, first_flagged
+from autospec.errors import InputError
 from autospec.latency import FaserKind, LinearCoeffs, LinearLatencyModel, PiecewiseLatency
 from autospec.policies.calibrators import Calibrator
+from autospec.workloads._table import first_flagged
 
 LATENCY_COLUMNS = ["model", "phase", "batch", "tokens", "context", "sm_split", "median_s", "mad_s", "repeats"]
 ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_len", "chain_tokens",

@@ -10,12 +10,10 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
-
-__all__ = ["InputError", "Interrupted", "decode_utf8", "existing_file", "first_flagged", "parse_json", "parse_toml",
-           "read_bytes_file", "read_text_file"]
+__all__ = ["InputError", "Interrupted", "decode_utf8", "existing_file", "parse_json", "parse_toml", "read_bytes_file",
+           "read_text_file"]
 
 
 class InputError(Exception):
@@ -138,17 +136,3 @@ def decode_utf8(data: bytes, path: str | Path, what: str = "file") -> str:
 def read_text_file(path: str | Path, what: str = "file") -> str:
     """A small text file the user names (a config, a preset) as UTF-8 (see read_bytes_file, decode_utf8)."""
     return decode_utf8(read_bytes_file(path, what), path, what)
-
-
-def first_flagged(checks: Sequence[tuple[Any, Any]]) -> tuple[int, str] | None:
-    """The earliest row any (mask, message) check flags, with its message, or None. `message` is a text
-    or a function of the row (for messages that quote the row's value)."""
-    first: tuple[int, Any] | None = None
-    for mask, message in checks:
-        hits = np.flatnonzero(np.asarray(mask, bool))
-        if len(hits) and (first is None or hits[0] < first[0]):
-            first = (int(hits[0]), message)
-    if first is None:
-        return None
-    row, message = first
-    return row, (message(row) if callable(message) else message)

@@ -121,15 +121,18 @@ class AcceptanceTraces:
             return m[:, :k_max]
 
         chain, conf, ent = mat("chain_tokens", np.int64), mat("confidences", float), mat("entropies", float)
-        self.match: list[int] = np.minimum(frame["match_len"].to_numpy(np.int64), k_max).tolist()
+        self.match_array = np.minimum(frame["match_len"].to_numpy(np.int64), k_max)
+        self.match: list[int] = self.match_array.tolist()
         self.target_token: list[int] = frame["target_token"].to_numpy(np.int64).tolist()
         self.chain: list[tuple[DraftToken, ...]] = [
             tuple(DraftToken(t, c, h) for t, c, h in zip(tr, cr, hr))
             for tr, cr, hr in zip(chain.tolist(), conf.tolist(), ent.tolist())]
         self.chain_tokens: list[list[int]] = chain.tolist()
         self.klds: list[list[float]] = mat("klds", float).tolist()
-        self.target_probs: list[list[float]] = mat("target_probs", float).tolist()
-        self.accept_probs: list[list[float]] = mat("accept_probs", float).tolist()
+        # the batch path (engines/sim_batch.py) reads the arrays, the per-request path the lists
+        self.target_matrix, self.accept_matrix = mat("target_probs", float), mat("accept_probs", float)
+        self.target_probs: list[list[float]] = self.target_matrix.tolist()
+        self.accept_probs: list[list[float]] = self.accept_matrix.tolist()
         # traces: contiguous runs of one prompt_id
         ids = frame["prompt_id"].to_numpy()
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])

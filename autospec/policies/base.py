@@ -76,6 +76,17 @@ class FixedLengthPolicy(Protocol):
 
 
 @runtime_checkable
+class UniformLengthPolicy(Protocol):
+    """An optional capability of a stateless length policy whose draft length depends on nothing but the
+    step's batch size — the same for every request of the batch (static K, no-SD, a per-batch-size K
+    schedule). `uniform_length(b)` is that length (before clipping to K_max), and `begin_step`'s targets
+    must equal it for every request; `observe` must change nothing. The simulator's batch path
+    (serving/batch.py) steps such a strategy's requests as arrays without calling the policy per step."""
+
+    def uniform_length(self, batch_size: int) -> int: ...
+
+
+@runtime_checkable
 class SmSplitChoice(Protocol):
     """An optional capability of a length policy that picks the step's SM split r (FASER's GP-LCB over
     an `sm_pool`). Right after `begin_step` the step reads `step_sm_split()` — the r chosen for this

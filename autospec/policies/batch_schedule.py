@@ -64,4 +64,7 @@ class BatchScheduleLength(TargetLengthPolicy):
     params: BatchScheduleParams
 
     def targets(self, ctx: StepContext) -> list[int]:
-        return [self.params.k_for(ctx.batch_size)] * ctx.batch_size
+        return [self.uniform_length(ctx.batch_size)] * ctx.batch_size
+
+    def uniform_length(self, batch_size: int) -> int:  # UniformLengthPolicy
+        return self.params.k_for(batch_size)

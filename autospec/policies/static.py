@@ -28,7 +28,10 @@ class StaticLength(TargetLengthPolicy):
     params: StaticParams
 
     def targets(self, ctx: StepContext) -> list[int]:
-        return [self.params.k] * ctx.batch_size
+        return [self.uniform_length(ctx.batch_size)] * ctx.batch_size
+
+    def uniform_length(self, batch_size: int) -> int:  # UniformLengthPolicy
+        return self.params.k
 
 
 class NoDraftParams(PolicyParams):
@@ -46,3 +49,6 @@ class NoDraft(TargetLengthPolicy):
 
     def targets(self, ctx: StepContext) -> list[int]:
         return [0] * ctx.batch_size
+
+    def uniform_length(self, batch_size: int) -> int:  # UniformLengthPolicy
+        return 0

@@ -66,7 +66,9 @@ from autospec.engines.base import (
     TrueMatchLength,
     offers,
 )
+from autospec.engines.sim import SimEngine
 from autospec.errors import InputError
+from autospec.serving.batch import batch_path_problem, serve_batched
 from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepCapabilities, StepSettings, check_execution, sd_step
@@ -121,7 +123,7 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
           settings: StepSettings, kv_budget_tokens: int | None = None, ignore_eos: bool = True,
           keep_outputs: bool = False, history_rounds: int = HISTORY_ROUNDS,
           on_finish: Callable[[RequestRecord], None] | None = None,
-          max_concurrency: int | None = None) -> ServeRecords:
+          max_concurrency: int | None = None, batch_path: bool | None = None) -> ServeRecords:
     """Replay `requests` through `engine` under `strategy` with continuous batching (module docstring).
 
     `max_batch` is the number of batch slots; `kv_budget_tokens` (None = unlimited) bounds the summed
@@ -130,9 +132,22 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
     generate exactly its max_tokens, as a trace replay wants. `keep_outputs` stores each request's
     token ids in its record. `on_finish(record)` is called with each request's RequestRecord as it
     finishes.
+
+    `batch_path`: None (default) replays on the simulator's batch path (`serving.batch`: the same
+    records, a few array operations per step) whenever the strategy and settings allow it; False never
+    does (the per-request path, e.g. to time one against the other); True insists, a ValueError saying
+    why when it cannot.
     """
     _validate(requests, max_batch, kv_budget_tokens, max_concurrency)
     _configure(engine, strategy, settings)
+    if batch_path is not False:
+        problem = batch_path_problem(engine, strategy, kv_budget_tokens=kv_budget_tokens,
+                                     max_concurrency=max_concurrency, keep_outputs=keep_outputs)
+        if problem is None:
+            return serve_batched(cast(SimEngine, engine), strategy, requests, max_batch=max_batch,
+                                 k_max=settings.k_max, on_finish=on_finish)
+        if batch_path:
+            raise ValueError(f"this replay cannot take the batch path: {problem}")
     return _Serving(engine, strategy, requests, max_batch=max_batch, settings=settings,
                     kv_budget_tokens=kv_budget_tokens, ignore_eos=ignore_eos, keep_outputs=keep_outputs,
                     history_rounds=history_rounds, on_finish=on_finish, max_concurrency=max_concurrency).run()

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from autospec.config import SloSpec
+from autospec.serving.records import flatten_steps
 
 __all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "inter_token_latencies", "latencies",
            "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "summarize_repeats"]
@@ -115,19 +116,14 @@ def per_position_acceptance(steps: pd.DataFrame, k_max: int | None = None) -> li
     """α_j for j = 1..max verified (see the module docstring); None where no draft reached j."""
     if len(steps) == 0:
         return []
-    ver = np.fromiter(chain_lists(steps["l"]), dtype=np.int64)
-    acc = np.fromiter(chain_lists(steps["accepted"]), dtype=np.int64)
+    ver = flatten_steps(steps["l"])
+    acc = flatten_steps(steps["accepted"])
     top = int(ver.max(initial=0)) if k_max is None else k_max
     out: list[float | None] = []
     for j in range(1, top + 1):
         reached = np.count_nonzero((ver >= j) & (acc >= j - 1))
         out.append(float(np.count_nonzero(acc >= j) / reached) if reached else None)
     return out
-
-
-def chain_lists(column: Iterable[Sequence[int]]) -> Iterable[int]:
-    for values in column:
-        yield from values
 
 
 def compute_metrics(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo) -> dict[str, float | None]:
@@ -148,8 +144,8 @@ def compute_metrics(requests: pd.DataFrame, steps: pd.DataFrame, slo: Slo) -> di
     out["request_throughput"] = len(requests) / makespan if makespan > 0 else None
     out["goodput"] = float(ok.sum()) / makespan if makespan > 0 else None
     out["slo_attainment"] = float(ok.mean()) if len(requests) else None
-    ver = np.fromiter(chain_lists(steps["l"]), dtype=np.int64) if len(steps) else np.empty(0, np.int64)
-    acc = np.fromiter(chain_lists(steps["accepted"]), dtype=np.int64) if len(steps) else np.empty(0, np.int64)
+    ver = flatten_steps(steps["l"]) if len(steps) else np.empty(0, np.int64)
+    acc = flatten_steps(steps["accepted"]) if len(steps) else np.empty(0, np.int64)
     request_steps = ver.size
     out["steps"] = float(len(steps))
     out["mean_batch"] = float(steps["batch"].mean()) if len(steps) else None

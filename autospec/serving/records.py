@@ -18,7 +18,20 @@ import pandas as pd
 
 from autospec.errors import InputError
 
-__all__ = ["SyntheticPrompt", "ServeRequest", "RequestRecord", "StepLog", "ServeRecords"]
+__all__ = ["SyntheticPrompt", "ServeRequest", "RequestRecord", "StepLog", "ServeRecords", "flatten_steps"]
+
+
+# one step's per-request values: a list from the per-request path, an int64 array from the batch path
+StepRow = list[int] | np.ndarray
+
+
+def flatten_steps(column: Sequence[StepRow]) -> np.ndarray:
+    """A per-request step column (one entry per step, one value per request of its batch) as one int64
+    array, in step order. The per-request path logs lists, the batch path (serving/batch.py) arrays,
+    which are joined without a Python loop over their values."""
+    if len(column) and isinstance(column[0], np.ndarray):
+        return np.concatenate(list(column)).astype(np.int64, copy=False)
+    return np.fromiter(chain.from_iterable(column), dtype=np.int64)
 
 
 class SyntheticPrompt(Sequence[int]):
@@ -92,16 +105,18 @@ class RequestRecord:
 
 @dataclass
 class StepLog:
-    """Per-step columns (one entry per SD step). k = drafted, l = verified per request, in batch order."""
+    """Per-step columns (one entry per SD step). k = drafted, l = verified per request, in batch order:
+    lists of ints from the per-request path, int64 arrays from the batch path (serving/batch.py) — read
+    them with `flatten_steps`, or as sequences."""
 
     start_s: list[float] = field(default_factory=list)
     end_s: list[float] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)
-    req_ids: list[list[int]] = field(default_factory=list)
-    k: list[list[int]] = field(default_factory=list)
-    l: list[list[int]] = field(default_factory=list)  # noqa: E741 — ℓ, the verified count, as in the papers
-    accepted: list[list[int]] = field(default_factory=list)
-    c: list[list[int]] = field(default_factory=list)  # tokens committed per request (accepted + 1, clipped)
+    req_ids: list[StepRow] = field(default_factory=list)
+    k: list[StepRow] = field(default_factory=list)
+    l: list[StepRow] = field(default_factory=list)  # noqa: E741 — ℓ, the verified count, as in the papers
+    accepted: list[StepRow] = field(default_factory=list)
+    c: list[StepRow] = field(default_factory=list)  # tokens committed per request (accepted + 1, clipped)
     committed: list[int] = field(default_factory=list)
     draft_s: list[float] = field(default_factory=list)
     verify_s: list[float] = field(default_factory=list)
@@ -136,16 +151,12 @@ class ServeRecords:
         ids = pd.Index([r.req_id for r in self.requests])
         n = len(ids)
         sizes = np.asarray(s.batch, dtype=np.int64)
-        total = int(sizes.sum())
 
-        def flat(column: list[list[int]]) -> np.ndarray:
-            return np.fromiter(chain.from_iterable(column), dtype=np.int64, count=total)
-
-        step_owner = ids.get_indexer(flat(s.req_ids))
+        step_owner = ids.get_indexer(flatten_steps(s.req_ids))
         step_no = np.repeat(np.arange(len(sizes), dtype=np.float64), sizes)
         by_owner = np.argsort(step_owner, kind="stable")  # keeps step order within a request
         bounds = np.searchsorted(step_owner[by_owner], np.arange(n + 1))
-        rounds = {name: np.split(flat(col)[by_owner], bounds[1:-1])
+        rounds = {name: np.split(flatten_steps(col)[by_owner], bounds[1:-1])
                   for name, col in (("rounds_drafted", s.k), ("rounds_verified", s.l),
                                     ("rounds_accepted", s.accepted))}
         # Token events: prefills (1 token, just before the step that followed them) and steps.
@@ -153,7 +164,7 @@ class ServeRecords:
         when = np.concatenate([np.asarray(s.prefill_before, dtype=np.float64) - 0.5, step_no])
         times = np.concatenate([np.asarray(s.prefill_t, dtype=np.float64),
                                 np.repeat(np.asarray(s.end_s, dtype=np.float64), sizes)])
-        counts = np.concatenate([np.ones(len(s.prefill_req), dtype=np.int64), flat(s.c)])
+        counts = np.concatenate([np.ones(len(s.prefill_req), dtype=np.int64), flatten_steps(s.c)])
         order = np.lexsort((when, owner))
         token_owner = np.repeat(owner[order], counts[order])
         token_times = np.repeat(times[order], counts[order])

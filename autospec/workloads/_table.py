@@ -11,18 +11,32 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from autospec.errors import InputError, first_flagged
+from autospec.errors import InputError
 from autospec.workloads._io import read_text
 
 _NAN_WORDS = {"nan", "+nan", "-nan"}
 # [chosen] the most tokens a trace may give one request's prompt or output: no model reads a billion, and
 # past 2^63 the int64 arrays every workload holds overflow (a row of 1e30 did)
 MAX_TOKENS = 10**9
+
+
+def first_flagged(checks: Sequence[tuple[Any, Any]]) -> tuple[int, str] | None:
+    """The earliest row any (mask, message) check flags, with its message, or None. `message` is a text
+    or a function of the row (for messages that quote the row's value)."""
+    first: tuple[int, Any] | None = None
+    for mask, message in checks:
+        hits = np.flatnonzero(np.asarray(mask, bool))
+        if len(hits) and (first is None or hits[0] < first[0]):
+            first = (int(hits[0]), message)
+    if first is None:
+        return None
+    row, message = first
+    return row, (message(row) if callable(message) else message)
 
 
 class Table:

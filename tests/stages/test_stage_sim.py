@@ -219,7 +219,7 @@ def test_a_vllm_profile_replays_with_prefills_inside_the_running_requests_step(t
     assert step["prefill_s"] == pytest.approx(60 * per_token)  # no fixed cost: the step already pays it
     assert req.loc[1, "first_token_s"] == pytest.approx(step["end_s"])
     after = steps[steps["step"] == step["step"] + 1].iloc[0]
-    assert 1 in after["req_ids"] and after["k"][after["req_ids"].index(1)] == 2
+    assert 1 in after["req_ids"] and after["k"][list(after["req_ids"]).index(1)] == 2
     assert all(len(t) == 12 for t in req["token_times"])
 
     rec = _serve_two(SimEngine.from_dirs(torch_run))

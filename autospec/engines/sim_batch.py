@@ -1,0 +1,229 @@
+"""The simulator's batch path: the requests a `SimEngine` serves held as numpy arrays and stepped together.
+
+The per-request path (`SimEngine.add` / `draft_rounds` / `verify`) keeps a `_SimRequest` per request
+and walks them in Python every step; a 20,000-request replay spends most of its time there. When every
+request of a step drafts the same number of tokens and every draft is verified (static K, no-SD, a
+per-batch-size K schedule — `policies.base.UniformLengthPolicy` under verify-all), the step is a few
+array operations instead: `SimBatch` holds one column per per-request field and `step(b, k)` advances
+the first b rows by one SD step of k drafts.
+
+It is the same simulator, not an approximation of it:
+
+* acceptance: at T = 0 a = min(k, m) for the trace's match length m at the request's position, at
+  T > 0 the run of chain positions whose fixed draw (splitmix64 of the request's stream and (g, j),
+  module docstring of engines/sim.py) falls below the proposal rule's probability — the same hash
+  computed on uint64 arrays, which wrap as the Python code masks;
+* clock: every pass is priced by the engine's own pricing methods (`_padded_rounds_s`, `_rounds_s`,
+  `_target_pass_s`, `costs.prefill_time`, `_fused_prefill_time`) from the same aggregates — sums of
+  whole numbers, exact in float64 whatever the order — so the clock is bit-for-bit the per-request
+  path's, and so are the engine's totals.
+
+What it does not do: SM splits and frontier steps (FASER's execution), per-request lengths, keeping
+output token ids; `serving.batch.batch_path_problem` sends those replays down the per-request path.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from autospec.engines.sim import _DRAW_STRIDE, SimEngine, _mix
+from autospec.errors import InputError
+
+__all__ = ["SimBatch"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_UNIT = 1.0 / (1 << 53)
+_SUM, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce
+
+
+class SimBatch:
+    """The engine's running requests as columns, rows 0..n-1 in the serving loop's batch order.
+
+    It is built for one replay's requests (`prompt_lens`, `max_tokens`, `trace_ids`, `domains`,
+    `prompt_keys`, in the loop's arrival order; each bound to its acceptance trace here, once);
+    `add(start, stop)` prefills requests start..stop-1 of them, `step(b, k)` steps rows 0..b-1, `drop`
+    removes finished rows. It owns the engine's clock while it serves (the engine's per-request table
+    stays empty), and its columns hold at most `capacity` rows (the loop's max_batch)."""
+
+    def __init__(self, engine: SimEngine, capacity: int, prompt_lens: Sequence[int], max_tokens: Sequence[int],
+                 trace_ids: Sequence[int], domains: Sequence[str], prompt_keys: Sequence[str | None]):
+        if engine.active_ids():
+            raise ValueError("the batch path needs an engine that serves no request yet")
+        if min(prompt_lens, default=1) < 1:
+            raise InputError("a request has an empty prompt", field="prompt")
+        self.engine = engine
+        tr = engine.traces
+        self.greedy = engine.temperature == 0
+        self.padded = engine.padded_batches
+        # per request of the replay: its trace (SimEngine._trace_for) and draw stream, bound up front
+        traces = np.asarray([engine._trace_for(d, t, k) for d, t, k in zip(domains, trace_ids, prompt_keys)],
+                            np.int64)
+        starts, lengths = np.asarray(tr.starts, np.int64), np.asarray(tr.lengths, np.int64)
+        self.req_prompt = np.asarray(prompt_lens, np.int64)
+        self.req_room = np.asarray(max_tokens, np.int64) - 1  # after the prefill's token
+        self.req_base = starts[traces]
+        self.req_size = lengths[traces]
+        self.req_key = np.asarray([_mix(engine.seed, t) for t in trace_ids], np.uint64)
+        # per flat trace position (T = 0): its trace's first position and length, for `_tables`
+        position_trace = np.repeat(np.arange(len(starts)), lengths)
+        self.position_base, self.position_size = starts[position_trace], lengths[position_trace]
+        self.match = tr.match_array
+        self.accept = tr.target_matrix if engine.draft_sampling == "greedy" else tr.accept_matrix
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.n = 0
+        self.total_context = 0  # Σ context of the rows: whole numbers, kept exact as rows come, go and step
+        self.owner = np.zeros(capacity, np.int64)  # the request's index in the replay's order
+        self.position = np.zeros(capacity, np.int64)  # flat trace index of its next token to commit
+        self.g = np.zeros(capacity, np.int64)  # output position of that token (T > 0 draws)
+        self.context = np.zeros(capacity, np.int64)  # tokens in its KV
+        self.room = np.zeros(capacity, np.int64)  # tokens it may still commit
+        # committed tokens the draft has not fed (sim.draft_lag), less the one every request has: 0 or 1
+        # after a drafting step, one more per step without drafts
+        self.lag_extra = np.zeros(capacity, np.int64)
+
+    _COLUMNS = ("owner", "position", "g", "context", "room", "lag_extra")
+
+    # ------------------------------------------------------------------ rows
+    def add(self, start: int, stop: int) -> tuple[float, np.ndarray]:
+        """Prefill requests start..stop-1 (appended as rows, in order), as `SimEngine.add` does: each
+        commits its trace's token at position 0 and the clock is charged the batch's prefill.
+        (seconds, finished at the prefill per new row)."""
+        e = self.engine
+        n, m = self.n, stop - start
+        rows = slice(n, n + m)
+        alone = n == 0
+        prompt = self.req_prompt[start:stop]
+        room = self.req_room[start:stop]
+        size = self.req_size[start:stop]
+        self.owner[rows] = np.arange(start, stop)
+        self.position[rows] = self.req_base[start:stop] + 1 % size
+        self.g[rows] = 1
+        self.context[rows] = prompt + 1
+        self.room[rows] = room
+        self.lag_extra[rows] = 0
+        self.n = n + m
+        tokens = int(prompt.sum())
+        self.total_context += tokens + m
+        e._next_id += m  # the engine's ids stay those the per-request path would have given
+        if e.padded_batches:
+            dt = e.costs.prefill_time(m * int(prompt.max()))
+        elif not e.fused_prefill:
+            dt = e.costs.prefill_time(tokens)
+        else:
+            dt = e._fused_prefill_time(tokens, alone=alone)
+        e._clock += dt
+        e.totals["prefill_s"] += dt
+        return dt, room <= 0
+
+    def drop(self, rows: np.ndarray) -> np.ndarray:
+        """Remove the rows where the boolean mask `rows` (over rows 0..n-1) is true, keeping the others'
+        order; returns the removed rows' owners."""
+        n = self.n
+        keep = ~rows
+        gone = self.owner[:n][rows]
+        self.total_context -= int(self.context[:n][rows].sum())
+        for name in self._COLUMNS:
+            column = getattr(self, name)
+            kept = column[:n][keep]
+            column[:len(kept)] = kept
+        self.n = n - len(gone)
+        return gone
+
+    # ------------------------------------------------------------------ one step
+    def step(self, b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, float, float]:
+        """Rows 0..b-1 draft k tokens each (0 <= k <= K_max) and verify them all: `draft_rounds` then
+        `verify` of the per-request path. (accepted + 1, tokens committed, the finished rows' mask or
+        None when none finished, Σ committed, draft s, verify s). The ufuncs' own reductions are called:
+        an ndarray method adds a Python frame, and this runs once per step."""
+        e = self.engine
+        context = self.context[:b]
+        total = self.total_context if b == self.n else int(_SUM(context))
+        longest = shortest = 0
+        if self.padded:
+            longest, shortest = int(_MAX(context)), int(_MIN(context))
+        if k > 0:
+            self._draft(b, k, total, longest, shortest)
+        accepted1 = self._accept(b, k)
+        fed = b * (k + 1)
+        if self.padded:
+            dt = e._target_pass_s(b * longest, fed, k == 0, shortest == longest)
+            if k > 0:  # sim.draft_lag: 2 after a round that accepted every draft, else 1
+                self.lag_extra[:b] = accepted1 > k
+            else:
+                self.lag_extra[:b] += 1
+        else:  # packed rows: the lag prices nothing
+            dt = e._target_pass_s(total, fed, k == 0)
+        e._clock += dt
+        e.totals["verify_s"] += dt
+        draft_s, e._draft_since_verify = e._draft_since_verify, 0.0
+        room = self.room[:b]
+        room -= accepted1
+        committed = accepted1
+        finished = None
+        if _MIN(room) <= 0:  # the last step of some: they commit only what they had room for
+            finished = room <= 0
+            committed = accepted1 + np.minimum(room, 0)
+        context += committed
+        tokens = int(_SUM(committed))
+        self.total_context += tokens
+        return accepted1, committed, finished, tokens, draft_s, dt
+
+    def _draft(self, b: int, k: int, total: int, longest: int, shortest: int) -> None:
+        """k draft rounds over rows 0..b-1, priced as `SimEngine.draft_rounds` prices them."""
+        e = self.engine
+        k_max = e.k_max
+        ending = [0] * (k_max + 1)
+        ending[k] = b
+        if self.padded:
+            top = [0] * (k_max + 1)
+            bottom = [1 << 62] * (k_max + 1)
+            top[k], bottom[k] = longest, shortest
+            dt = e._padded_rounds_s(ending, top, bottom, k, 1 + int(_MAX(self.lag_extra[:b])))
+        else:  # Σ over drafted tokens of their context: k·Σ context + b·k(k−1)/2, whole numbers
+            dt = e._rounds_s(float(k * total + b * (k * (k - 1) // 2)), k * b, k, ending)
+        if e._round is not None:
+            dt += e._round.forward(total, b)
+        e._clock += dt
+        e._draft_since_verify += dt
+        e.totals["draft_s"] += dt
+
+    def _accept(self, b: int, k: int) -> np.ndarray:
+        """Accepted drafts + 1 of rows 0..b-1 verifying k drafts at their positions, which it advances
+        past them (a finishing row's position is never read again)."""
+        position = self.position[:b]
+        if self.greedy:
+            accepted1, after = self._table(k)
+            out = accepted1[position]
+            position[:] = after[position]
+            return out
+        g = self.g[:b]
+        if k == 0:
+            out = np.ones(b, np.int64)
+        else:  # SimEngine._realised_run for every row: draw j at output position g is u(key, g·stride + j)
+            owner = self.owner[:b]
+            index = g[:, None].astype(np.uint64) * np.uint64(_DRAW_STRIDE) + np.arange(k, dtype=np.uint64)
+            z = index * _GOLDEN + self.req_key[owner][:, None] * _MIX1 + _MIX2
+            z = (z ^ (z >> np.uint64(30))) * _MIX1
+            z = (z ^ (z >> np.uint64(27))) * _MIX2
+            z ^= z >> np.uint64(31)
+            passed = (z >> np.uint64(11)).astype(np.float64) * _UNIT < self.accept[position, :k]
+            out = np.where(passed.all(axis=1), k, passed.argmin(axis=1)).astype(np.int64) + 1
+        g += out
+        owner = self.owner[:b]
+        position[:] = self.req_base[owner] + g % self.req_size[owner]
+        return out
+
+    def _table(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """T = 0, per flat trace position p: min(k, m_p) + 1 — what a request there commits verifying k
+        drafts — and the position it moves on to (wrapping around its trace's end)."""
+        table = self._tables.get(k)
+        if table is None:
+            accepted1 = np.minimum(self.match, k) + 1
+            offset = np.arange(len(accepted1)) - self.position_base
+            after = self.position_base + (offset + accepted1) % self.position_size
+            table = self._tables[k] = (accepted1, after)
+        return table

@@ -1,0 +1,190 @@
+"""The serving loop's batch path on the simulator: `serve` for strategies whose step is a few array
+operations (issue 18).
+
+`serving.loop.serve` runs a replay through `_Serving` — a `RequestState` per request, the schedule
+policy asked every step, `sd_step` calling the length, verify and schedule policies — which is what
+any strategy needs and costs Python per request per step. A strategy whose length policy gives every
+request of a step the same draft length from the batch size alone (`policies.base.UniformLengthPolicy`:
+static K, no-SD, a per-batch-size K schedule), that verifies every draft and schedules FCFS, needs none
+of that per request: FCFS without a KV budget never preempts, so the running requests are always the
+earliest admitted, in arrival order, and the waiting ones a contiguous run of the arrival order. Here
+the loop keeps only those two counts, and the simulator steps the running requests as arrays
+(`engines.sim_batch.SimBatch`).
+
+It replays exactly what `_Serving` replays — the same iterations (arrivals, admission, prefill, one
+step, finishes, fused prefill included), the same records and step log, the same clock to the bit —
+and `tests/serving/test_batch_path.py` holds it to that on several strategies, workloads and engines,
+at T = 0 and T > 0. `batch_path_problem` says why a replay cannot take it (then `serve` runs
+`_Serving`): a KV budget (preemption), a concurrency limit, kept output tokens, FASER's execution (SM
+split, frontier chunks), another engine, or a policy without the uniform form.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence, cast
+
+import numpy as np
+
+from autospec.engines.base import Engine, offers
+from autospec.engines.sim import SimEngine
+from autospec.engines.sim_batch import SimBatch
+from autospec.policies.base import UniformLengthPolicy
+from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog, StepRow
+from autospec.strategy import Strategy
+
+__all__ = ["batch_path_problem", "serve_batched"]
+
+
+def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: int | None,
+                       max_concurrency: int | None, keep_outputs: bool) -> str | None:
+    """Why this replay cannot take the batch path, or None when it can (module docstring)."""
+    spec = strategy.spec
+    if not isinstance(engine, SimEngine):
+        return f"the batch path is the simulator's ({type(engine).__name__} is not)"
+    if not offers(strategy.length, UniformLengthPolicy):
+        return f"length policy {spec.length.policy!r} sets per-request lengths"
+    if spec.verify.policy != "all":
+        return f"verify policy {spec.verify.policy!r} is not verify-all"
+    if spec.schedule.policy != "fcfs":
+        return f"schedule policy {spec.schedule.policy!r} is not FCFS"
+    if kv_budget_tokens is not None:
+        return "a KV budget (preemption)"
+    if max_concurrency is not None:
+        return "a concurrency limit"
+    if keep_outputs:
+        return "output token ids are kept"
+    if engine.sm_split or engine.frontier_chunk:
+        return "FASER's execution (an SM split or frontier chunks)"
+    if engine.active_ids():
+        return "the engine already serves requests"
+    return None
+
+
+def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
+                  k_max: int, on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
+    """`serve` on the batch path (the caller checked `batch_path_problem`); the same ServeRecords."""
+    wall0 = time.perf_counter()
+    length = cast(UniformLengthPolicy, strategy.length)
+    order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
+    arrivals = [r.arrival_s for r in order]
+    records = [RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain) for r in order]
+    batch = SimBatch(engine, max_batch, [len(r.prompt) for r in order], [r.max_tokens for r in order],
+                     [r.req_id for r in order], [r.domain for r in order], [r.prompt_key for r in order])
+    fused = engine.fused_prefill
+    journal = _StepJournal()
+    lengths: dict[int, int] = {}  # batch size -> the step's draft length, clipped to K_max
+    t0 = engine.now()
+    total = len(order)
+    arrived = admitted = 0  # order[admitted:arrived] wait, in arrival order; the running are batch's rows
+
+    def finish(rows: np.ndarray, t: float) -> None:
+        """The rows (a boolean mask over the batch's rows) finished at t: recorded, then out of the engine."""
+        done = batch.drop(rows).tolist()
+        for i in done:
+            records[i].finish_s = t
+        if on_finish is not None:
+            for i in done:
+                on_finish(records[i])
+
+    while arrived < total or admitted < arrived or batch.n:
+        now = engine.now() - t0
+        while arrived < total and arrivals[arrived] <= now:
+            arrived += 1
+        if not batch.n and admitted == arrived:
+            engine.idle_until(t0 + arrivals[arrived])
+            continue
+        running = batch.n
+        joining = max(0, min(arrived - admitted, max_batch - running))  # FCFS: the queue's head, in order
+        prefill_s = 0.0
+        at_prefill = None
+        if joining:
+            t_admit = engine.now() - t0
+            new = range(admitted, admitted + joining)
+            prefill_s, finished_now = batch.add(admitted, admitted + joining)
+            t_first = engine.now() - t0
+            admitted += joining
+            for i in new:
+                records[i].admitted_s = t_admit
+            if finished_now.any():  # max_tokens = 1: done at the prefill
+                at_prefill = np.zeros(batch.n, bool)
+                at_prefill[running:] = finished_now
+        # fused prefill (vLLM's step): the new requests' prefill runs inside this step, their first token
+        # comes at its end and they draft from the next step on
+        steps = running if fused else batch.n - (0 if at_prefill is None else int(at_prefill.sum()))
+        if joining and not (fused and steps):
+            journal.first_tokens(records, new, t_first)
+            if at_prefill is not None:
+                finish(at_prefill, t_first)
+        if not steps:
+            continue
+        k = lengths.get(steps)
+        if k is None:
+            k = lengths[steps] = max(0, min(int(length.uniform_length(steps)), k_max))
+        accepted1, committed, finished, tokens, draft_s, verify_s = batch.step(steps, k)
+        t_end = engine.now() - t0
+        journal.rows.append((now, t_end, steps, k, tokens, draft_s, verify_s, prefill_s, joining,
+                             batch.total_context if steps == batch.n else int(batch.context[:steps].sum())))
+        journal.owners.append(batch.owner[:steps].copy())  # the rows move when requests finish
+        journal.accepted1.append(accepted1)
+        journal.committed.append(committed)
+        if finished is not None:
+            rows = np.zeros(batch.n, bool)
+            rows[:steps] = finished
+            finish(rows, t_end)
+        if joining and fused:
+            journal.first_tokens(records, new, t_end)
+            if at_prefill is not None:  # the new rows are the last ones still (the step's finished are gone)
+                finish(at_prefill[-batch.n:], t_end)
+    return ServeRecords(strategy.name, records, journal.log([r.req_id for r in order]),
+                        time.perf_counter() - wall0, strategy.findings())
+
+
+class _StepJournal:
+    """The step log, kept per step as one tuple of scalars and three arrays while the replay runs and
+    turned into `StepLog`'s columns once at the end (per-step entries are views of one array each, not a
+    list per request per step)."""
+
+    _SCALARS = ("start_s", "end_s", "batch", "k", "committed", "draft_s", "verify_s", "prefill_s", "admitted",
+                "kv_tokens")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []  # per step: the _SCALARS
+        self.owners: list[np.ndarray] = []
+        self.accepted1: list[np.ndarray] = []
+        self.committed: list[np.ndarray] = []
+        self.prefill_req: list[int] = []  # owners until `log` maps them to request ids
+        self.prefill_t: list[float] = []
+        self.prefill_before: list[int] = []
+
+    def first_tokens(self, records: list[RequestRecord], owners: range, t: float) -> None:
+        """Prefill events of the admitted requests, their first token at t (`_Serving._first_tokens`)."""
+        before = len(self.rows)
+        for i in owners:
+            records[i].first_token_s = t
+            self.prefill_req.append(i)
+            self.prefill_t.append(t)
+            self.prefill_before.append(before)
+
+    def log(self, req_ids: list[int]) -> StepLog:
+        n = len(self.rows)
+        s = dict(zip(self._SCALARS, map(list, zip(*self.rows)))) if n else {name: [] for name in self._SCALARS}
+        sizes = s["batch"]
+        bounds = np.cumsum([0, *sizes]).tolist()
+        spans = list(zip(bounds, bounds[1:]))
+
+        def per_step(chunks: list[np.ndarray]) -> list[StepRow]:  # one view per step of one array
+            flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+            return [flat[a:b] for a, b in spans]  # np.split does more per piece
+
+        drafted = per_step([np.repeat(np.asarray(s["k"], np.int64), sizes)])
+        return StepLog(
+            start_s=s["start_s"], end_s=s["end_s"], batch=sizes,
+            req_ids=per_step([np.asarray(req_ids, np.int64)[np.concatenate(self.owners)]] if n else []),
+            k=drafted, l=drafted,
+            accepted=per_step([a - 1 for a in self.accepted1]), c=per_step(self.committed),
+            committed=s["committed"], draft_s=s["draft_s"], verify_s=s["verify_s"], early_exit=[0.0] * n,
+            prefill_s=s["prefill_s"], admitted=s["admitted"], preempted=[0] * n, swap_s=[0.0] * n,
+            kv_tokens=s["kv_tokens"],
+            prefill_req=[req_ids[i] for i in self.prefill_req], prefill_t=self.prefill_t,
+            prefill_before=self.prefill_before)

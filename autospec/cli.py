@@ -64,10 +64,13 @@ def say_error(text: str) -> None:
     err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def _path(value: str) -> Path:
+def _path(value: str | Path) -> Path:
     """A path flag's value; an empty one is refused rather than read as the current directory: `--out ""`
     is almost always an unset shell variable (`--out "$OUT"`), and a run written into whatever folder the
-    shell sits in is not what anyone asked for. "." still names the current directory."""
+    shell sits in is not what anyone asked for. "." still names the current directory. A flag's default
+    comes through here too, already a Path."""
+    if isinstance(value, Path):
+        return value
     if not value.strip():
         raise typer.BadParameter("an empty path (an unset shell variable?); name one, or '.' for the current folder")
     return Path(value)

@@ -401,3 +401,5 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(valid, tmp_path
     refuse(tmp_path, capsys, ["report", valid["eval"], "-o", ""], "an empty path")
     refuse(tmp_path, capsys, ["report", ""], "an empty path")
     refuse(tmp_path, capsys, ["evaluate", "--workload", " ", "--out", "x"], "an empty path")
+    # a Path flag's default goes through the same check (run's --out defaults to runs/default)
+    refuse(tmp_path, capsys, ["run", tmp_path / "missing.toml"], "not found")

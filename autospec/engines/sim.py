@@ -679,6 +679,31 @@ class SimEngine:
                 dt += self._draft_multi
         return dt
 
+    def _uniform_padded_rounds_s(self, n: int, rounds: int, longest: int, shortest: int, width: int) -> float:
+        """`_padded_rounds_s` when all n requests draft `rounds` tokens (the batch path's steps,
+        engines/sim_batch.py): the same terms added in the same order, so the same float to the bit,
+        without the per-length lists and the running max and min (every round feeds the same rows)."""
+        _, g, d = self._draft_coef
+        lam, multi = self._draft_lam, self._draft_multi
+        one_length = shortest == longest
+        alpha = _pass_alpha(self._draft_alphas, True, one_length)
+        fed_s = g * n  # rounds after the first feed one token per row
+        log_s = lam * math.log2(n) if lam else 0.0
+        dt = 0.0
+        for j in range(rounds - 1, 0, -1):
+            dt += alpha * n * (longest + j) + fed_s + d
+            if lam:
+                dt += log_s
+            if n >= 2:
+                dt += multi
+        tokens = n * width  # round 0 feeds the draft's lag
+        dt += _pass_alpha(self._draft_alphas, tokens == n, one_length) * n * longest + g * tokens + d
+        if lam:
+            dt += lam * math.log2(tokens)
+        if tokens >= 2:
+            dt += multi
+        return dt
+
     def step_time_s(self, contexts: Sequence[int], lengths: Sequence[int]) -> float:
         """`StepClock`: the seconds a plain step would take now — draft rounds of `lengths` (as
         `draft_rounds` charges them) and one verify of every draft (as `verify` charges it) — for

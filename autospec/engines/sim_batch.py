@@ -76,16 +76,16 @@ class SimBatch:
         self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.n = 0
         self.total_context = 0  # Σ context of the rows: whole numbers, kept exact as rows come, go and step
-        self.owner = np.zeros(capacity, np.int64)  # the request's index in the replay's order
-        self.position = np.zeros(capacity, np.int64)  # flat trace index of its next token to commit
-        self.g = np.zeros(capacity, np.int64)  # output position of that token (T > 0 draws)
-        self.context = np.zeros(capacity, np.int64)  # tokens in its KV
-        self.room = np.zeros(capacity, np.int64)  # tokens it may still commit
+        # the columns are rows of one array, so dropping finished rows moves them all in one operation
+        self._columns = np.zeros((6, capacity), np.int64)
+        self.owner = self._columns[0]  # the request's index in the replay's order
+        self.position = self._columns[1]  # flat trace index of its next token to commit
+        self.g = self._columns[2]  # output position of that token (T > 0 draws)
+        self.context = self._columns[3]  # tokens in its KV
+        self.room = self._columns[4]  # tokens it may still commit
         # committed tokens the draft has not fed (sim.draft_lag), less the one every request has: 0 or 1
         # after a drafting step, one more per step without drafts
-        self.lag_extra = np.zeros(capacity, np.int64)
-
-    _COLUMNS = ("owner", "position", "g", "context", "room", "lag_extra")
+        self.lag_extra = self._columns[5]
 
     # ------------------------------------------------------------------ rows
     def add(self, start: int, stop: int) -> tuple[float, np.ndarray]:
@@ -123,14 +123,11 @@ class SimBatch:
         """Remove the rows where the boolean mask `rows` (over rows 0..n-1) is true, keeping the others'
         order; returns the removed rows' owners."""
         n = self.n
-        keep = ~rows
         gone = self.owner[:n][rows]
         self.total_context -= int(self.context[:n][rows].sum())
-        for name in self._COLUMNS:
-            column = getattr(self, name)
-            kept = column[:n][keep]
-            column[:len(kept)] = kept
-        self.n = n - len(gone)
+        kept = self._columns[:, :n][:, ~rows]
+        self.n = kept.shape[1]
+        self._columns[:, :self.n] = kept
         return gone
 
     # ------------------------------------------------------------------ one step
@@ -175,15 +172,11 @@ class SimBatch:
     def _draft(self, b: int, k: int, total: int, longest: int, shortest: int) -> None:
         """k draft rounds over rows 0..b-1, priced as `SimEngine.draft_rounds` prices them."""
         e = self.engine
-        k_max = e.k_max
-        ending = [0] * (k_max + 1)
-        ending[k] = b
         if self.padded:
-            top = [0] * (k_max + 1)
-            bottom = [1 << 62] * (k_max + 1)
-            top[k], bottom[k] = longest, shortest
-            dt = e._padded_rounds_s(ending, top, bottom, k, 1 + int(_MAX(self.lag_extra[:b])))
+            dt = e._uniform_padded_rounds_s(b, k, longest, shortest, 1 + int(_MAX(self.lag_extra[:b])))
         else:  # Σ over drafted tokens of their context: k·Σ context + b·k(k−1)/2, whole numbers
+            ending = [0] * (e.k_max + 1)
+            ending[k] = b
             dt = e._rounds_s(float(k * total + b * (k * (k - 1) // 2)), k * b, k, ending)
         if e._round is not None:
             dt += e._round.forward(total, b)

@@ -72,7 +72,8 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
     batch = SimBatch(engine, max_batch, [len(r.prompt) for r in order], [r.max_tokens for r in order],
                      [r.req_id for r in order], [r.domain for r in order], [r.prompt_key for r in order])
     fused = engine.fused_prefill
-    journal = _StepJournal()
+    # request-steps: each step commits at least one token per request, so Σ max_tokens bounds them
+    journal = _StepJournal(max(1, min(sum(r.max_tokens for r in order), 1 << 23)))
     lengths: dict[int, int] = {}  # batch size -> the step's draft length, clipped to K_max
     t0 = engine.now()
     total = len(order)
@@ -123,11 +124,9 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
             k = lengths[steps] = max(0, min(int(length.uniform_length(steps)), k_max))
         accepted1, committed, finished, tokens, draft_s, verify_s = batch.step(steps, k)
         t_end = engine.now() - t0
-        journal.rows.append((now, t_end, steps, k, tokens, draft_s, verify_s, prefill_s, joining,
-                             batch.total_context if steps == batch.n else int(batch.context[:steps].sum())))
-        journal.owners.append(batch.owner[:steps].copy())  # the rows move when requests finish
-        journal.accepted1.append(accepted1)
-        journal.committed.append(committed)
+        journal.step(now, t_end, steps, k, tokens, draft_s, verify_s, prefill_s, joining,
+                     batch.total_context if steps == batch.n else int(batch.context[:steps].sum()),
+                     batch.owner[:steps], accepted1, committed)
         if finished is not None:
             rows = np.zeros(batch.n, bool)
             rows[:steps] = finished
@@ -141,25 +140,56 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
 
 
 class _StepJournal:
-    """The step log, kept per step as one tuple of scalars and three arrays while the replay runs and
-    turned into `StepLog`'s columns once at the end (per-step entries are views of one array each, not a
-    list per request per step)."""
+    """The step log while the replay runs: a list per scalar column, and each per-request column's values
+    copied into one growing int64 array (a copy per step costs less than joining one small array per step
+    at the end), turned into `StepLog`'s columns once at the end (per-step entries are views of that one
+    array, not a list per request per step)."""
 
-    _SCALARS = ("start_s", "end_s", "batch", "k", "committed", "draft_s", "verify_s", "prefill_s", "admitted",
-                "kv_tokens")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []  # per step: the _SCALARS
-        self.owners: list[np.ndarray] = []
-        self.accepted1: list[np.ndarray] = []
-        self.committed: list[np.ndarray] = []
+    def __init__(self, room: int) -> None:
+        self.start_s: list[float] = []
+        self.end_s: list[float] = []
+        self.batch: list[int] = []
+        self.k: list[int] = []
+        self.committed: list[int] = []
+        self.draft_s: list[float] = []
+        self.verify_s: list[float] = []
+        self.prefill_s: list[float] = []
+        self.admitted: list[int] = []
+        self.kv_tokens: list[int] = []
+        # per request of each step: its owner, accepted + 1 and tokens committed; np.empty leaves pages
+        # untouched until written, so the room costs only what the replay fills
+        self.owners, self.accepted1, self.c = (np.empty(room, np.int64) for _ in range(3))
+        self.filled = 0
         self.prefill_req: list[int] = []  # owners until `log` maps them to request ids
         self.prefill_t: list[float] = []
         self.prefill_before: list[int] = []
 
+    def step(self, start_s: float, end_s: float, batch: int, k: int, committed: int, draft_s: float,
+             verify_s: float, prefill_s: float, admitted: int, kv_tokens: int, owners: np.ndarray,
+             accepted1: np.ndarray, c: np.ndarray) -> None:
+        """One step's entries (`StepLog`'s columns; `accepted1` is accepted + 1 per request)."""
+        self.start_s.append(start_s)
+        self.end_s.append(end_s)
+        self.batch.append(batch)
+        self.k.append(k)
+        self.committed.append(committed)
+        self.draft_s.append(draft_s)
+        self.verify_s.append(verify_s)
+        self.prefill_s.append(prefill_s)
+        self.admitted.append(admitted)
+        self.kv_tokens.append(kv_tokens)
+        start, stop = self.filled, self.filled + batch
+        if stop > len(self.c):
+            self.owners, self.accepted1, self.c = (np.concatenate([a, np.empty_like(a)])
+                                                   for a in (self.owners, self.accepted1, self.c))
+        self.owners[start:stop] = owners
+        self.accepted1[start:stop] = accepted1
+        self.c[start:stop] = c
+        self.filled = stop
+
     def first_tokens(self, records: list[RequestRecord], owners: range, t: float) -> None:
         """Prefill events of the admitted requests, their first token at t (`_Serving._first_tokens`)."""
-        before = len(self.rows)
+        before = len(self.start_s)
         for i in owners:
             records[i].first_token_s = t
             self.prefill_req.append(i)
@@ -167,24 +197,23 @@ class _StepJournal:
             self.prefill_before.append(before)
 
     def log(self, req_ids: list[int]) -> StepLog:
-        n = len(self.rows)
-        s = dict(zip(self._SCALARS, map(list, zip(*self.rows)))) if n else {name: [] for name in self._SCALARS}
-        sizes = s["batch"]
+        n = len(self.start_s)
+        sizes = self.batch
         bounds = np.cumsum([0, *sizes]).tolist()
         spans = list(zip(bounds, bounds[1:]))
 
-        def per_step(chunks: list[np.ndarray]) -> list[StepRow]:  # one view per step of one array
-            flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+        def per_step(flat: np.ndarray) -> list[StepRow]:  # one view per step of one array
             return [flat[a:b] for a, b in spans]  # np.split does more per piece
 
-        drafted = per_step([np.repeat(np.asarray(s["k"], np.int64), sizes)])
+        n_values = self.filled
+        owners, accepted1, committed = self.owners[:n_values], self.accepted1[:n_values], self.c[:n_values]
+        drafted = per_step(np.repeat(np.asarray(self.k, np.int64), np.asarray(sizes, np.int64)))
         return StepLog(
-            start_s=s["start_s"], end_s=s["end_s"], batch=sizes,
-            req_ids=per_step([np.asarray(req_ids, np.int64)[np.concatenate(self.owners)]] if n else []),
-            k=drafted, l=drafted,
-            accepted=per_step([a - 1 for a in self.accepted1]), c=per_step(self.committed),
-            committed=s["committed"], draft_s=s["draft_s"], verify_s=s["verify_s"], early_exit=[0.0] * n,
-            prefill_s=s["prefill_s"], admitted=s["admitted"], preempted=[0] * n, swap_s=[0.0] * n,
-            kv_tokens=s["kv_tokens"],
+            start_s=self.start_s, end_s=self.end_s, batch=sizes,
+            req_ids=per_step(np.asarray(req_ids, np.int64)[owners]),
+            k=drafted, l=drafted, accepted=per_step(accepted1 - 1), c=per_step(committed),
+            committed=self.committed, draft_s=self.draft_s, verify_s=self.verify_s, early_exit=[0.0] * n,
+            prefill_s=self.prefill_s, admitted=self.admitted, preempted=[0] * n, swap_s=[0.0] * n,
+            kv_tokens=self.kv_tokens,
             prefill_req=[req_ids[i] for i in self.prefill_req], prefill_t=self.prefill_t,
             prefill_before=self.prefill_before)

@@ -184,6 +184,7 @@ class TuneStage(_Model):
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)
     strategies: list[str] | None = None  # None = tune's default candidates
     storage: str | None = None
+    jobs: int = Field(1, ge=1, le=64)  # autospec tune --jobs: worker processes on the study
     # stop starting trials after this many seconds of search; TOML may say 1200 or "20m" (None = no limit)
     time_budget: float | None = None
 
@@ -204,6 +205,7 @@ class EvaluateStage(_Model):
     real_strategies: list[str] = Field(default_factory=lambda: ["no-sd"])
     real_engine: StrictBool = True  # also replay on the torch engine (the simulator-vs-real comparison)
     repeats: int = Field(1, ge=1)
+    jobs: int = Field(1, ge=1, le=64)  # autospec evaluate --jobs: processes per capacity search
 
 
 class RunSpec(_Model):

@@ -131,6 +131,9 @@ class EvaluateSpec(BaseModel):
     # capacity at the SLO (autospec.serving.capacity), searched on the simulator; None = not measured.
     # A real engine reports attainment at the workload's own load only: a probe there is a full replay.
     capacity: CapacitySpec | None = CapacitySpec()
+    # processes replaying a capacity search's probes at once (capacity.py, "Parallel probes"): the same
+    # result, sooner on a machine with cores to spare
+    jobs: int = Field(1, ge=1, le=64)
     # the load (module docstring): requests in flight at most (None = open loop), and whether every
     # request is ready at t=0 (closed loop: N virtual users; needs max_concurrency)
     max_concurrency: int | None = Field(None, ge=1)
@@ -478,12 +481,13 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
 
     def capacity_of(strat: StrategySpec, repeat: int, records: ServeRecords) -> Capacity:
         assert spec.capacity is not None  # the run's own records are the search's probe at 1x
-        return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity, at_own_load=records)
+        return replay_capacity(replay, strat, spec.seed + repeat, spec.capacity, at_own_load=records, jobs=spec.jobs)
 
     def shift_of(records: dict[str, ServeRecords], capacities: dict[str, Capacity]) -> dict[str, Any]:
         assert spec.capacity is not None
         return shift_table(replay, strategies, spec.seed, spec.capacity, at_own_load=records,
-                           own_capacity=capacities, oracles=[s.name for s in strategies if reads_the_future(s)])
+                           own_capacity=capacities, oracles=[s.name for s in strategies if reads_the_future(s)],
+                           jobs=spec.jobs)
 
     # a closed loop has no arrival rate to scale (CLOSED_LOOP_CAPACITY_NOTE); a capped open loop is searched,
     # with the cap in every probe (the Replay carries it)

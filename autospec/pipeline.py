@@ -157,7 +157,8 @@ def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None)
     tune_spec = TuneSpec(workload=spec.workload, profile=out_dir, trials=spec.tune.trials,
                          objective=spec.tune.objective, scope=spec.tune.scope, slo=spec.slo,
                          min_attainment=spec.tune.min_attainment,
-                         strategies=spec.tune.strategies, storage=spec.tune.storage, max_batch=spec.max_batch,
+                         strategies=spec.tune.strategies, storage=spec.tune.storage, jobs=spec.tune.jobs,
+                         max_batch=spec.max_batch,
                          seed=spec.engine.seed, pair=spec.pair, time_budget_s=spec.tune.time_budget,
                          confirm_top=spec.tune.confirm_top, confirm_repeats=spec.tune.confirm_repeats,
                          confirm_requests=spec.tune.confirm_requests)
@@ -190,7 +191,8 @@ def _evaluate(spec: RunSpec, out_dir: Path, tuned: list[Path], stage: Stage, pro
                   seed=spec.engine.seed, profile=out_dir)
     # the simulator can replay at most the chain length the profile recorded
     sim_k_max = min(spec.engine.k_max, load_fit(out_dir).models.k_max)
-    sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", k_max=sim_k_max, **common)
+    sim = EvaluateSpec(strategies=[*spec.evaluate.strategies, *extra], engine="sim", k_max=sim_k_max,
+                       jobs=spec.evaluate.jobs, **common)
     done["evaluate_sim"] = stage("evaluate (simulator)",
                                  lambda: run_evaluate(sim, out_dir / "eval-sim", progress=progress).summary)
     if spec.evaluate.real_engine:

@@ -41,12 +41,26 @@ engine (`autospec.confirm`): the best N deployable configurations, the best stat
 simulator's capacity point on a bounded window, with repeats and CIs; deploy/ then holds the real
 engine's recommendation (ties go to the simpler configuration).
 
-Storage: an SQLite file in the run directory (`tune/study.db`) by default; any Optuna RDB URL
-(`postgresql://...`) lets several `autospec tune` processes share one study. The study name is derived
-from every setting that changes what a trial measures, so re-running the same command resumes the same
-study (`trials` is the study's total: completed + pruned trials), and a changed setting starts a new one.
-Optuna commits each finished trial to the storage, so killing a worker loses at most the trial it was
-running; heartbeats mark such a trial failed and the next worker retries its parameters once.
+Storage: Optuna's journal storage in a file of the run directory (`tune/study.journal`) by default, or
+the journal file `--storage` names; any Optuna RDB URL (`postgresql://...`) lets processes on several
+hosts share one study. The study name is derived from every setting that changes what a trial measures,
+so re-running the same command resumes the same study (`trials` is the study's total: completed + pruned
+trials), and a changed setting starts a new one. Optuna commits each finished trial to the storage, so
+killing a worker loses at most the trial it was running: on resume a trial whose process on this host is
+gone is failed and its parameters retried (`fail_orphaned_trials`); on an RDB, heartbeats do the same
+for workers on other hosts.
+
+Parallel trials (`jobs`, `--jobs N`, issue 18): N - 1 helper processes (forked: they inherit the loaded
+replay) and the tune process itself run the remaining trials on one study, split evenly, each with its
+own sampler seed (seed + worker number) and TPE's "constant liar" (a running trial counts as a bad one,
+so parallel workers do not all propose the same point). [chosen] The journal file is the default
+storage because it takes concurrent writers from several processes by design (a file lock per
+append); SQLite serialises writers and fails a read-then-write transaction that loses the race instead
+of waiting, and the journal keeps one default for any N, so a study started with --jobs 4 resumes with
+--jobs 1. A helper that dies leaves its trial RUNNING and its share undone: when the helpers have
+ended, this process fails and requeues such trials and runs what is left of `trials` itself. With
+N > 1 the trials run in a nondeterministic order, so the study (and possibly its winner) differs from
+--jobs 1's, which stays seeded and reproducible.
 
 `time_budget_s` (`--time-budget`) stops starting trials once that much search time is spent;
 summary.json's `run` says how many trials this invocation ran and whether the budget cut it short (a
@@ -69,6 +83,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -132,8 +147,12 @@ def _worker_alive(worker: str, host: str) -> bool | None:
     return True
 
 
-# host:pid:start of this process, on every trial it runs (user attr "worker")
-WORKER = f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+def _this_worker() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+# host:pid:start of this process, on every trial it runs (user attr "worker"); a --jobs worker sets its own
+WORKER = _this_worker()
 SM_SPLITS = (0.125, 0.25, 0.375, 0.5)  # r values searched when the profile has an SM-split axis
 
 
@@ -144,7 +163,10 @@ class TuneSpec(BaseModel):
     workload: Path
     profile: Path
     trials: int = Field(40, ge=1)
-    storage: str | None = Field(None, min_length=1)  # default: sqlite:///<out>/tune/study.db
+    # an Optuna RDB URL, or a journal file's path; default: the journal file <out>/tune/study.journal
+    storage: str | None = Field(None, min_length=1)
+    # worker processes on one study (module docstring, "Parallel trials"); not part of the study name
+    jobs: int = Field(1, ge=1, le=64)
     study_name: str | None = None  # default: derived from the settings (see the module docstring)
     objective: Literal["goodput", "capacity", "multi"] = "capacity"
     # engine: only what the deploy target (vLLM) can run as shipped; all: schedulers and per-request
@@ -335,13 +357,32 @@ def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
     return f"autospec-{spec.workload.stem}-{spec.objective}-{digest}"
 
 
-def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec]):
-    import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+def storage_name(spec: TuneSpec, out_dir: Path) -> str:
+    """The study's storage as summary.json and messages name it: --storage (its password replaced), or
+    the default journal file's absolute path. `open_storage` opens either."""
+    return redact_url(spec.storage) if spec.storage else str((out_dir / "tune" / "study.journal").resolve())
 
-    url = spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}"
-    if spec.storage is None:
-        (out_dir / "tune").mkdir(parents=True, exist_ok=True)
+
+def open_storage(storage: str):
+    """An Optuna storage: an RDB for a URL (`postgresql://…`, `sqlite:///…`), else Optuna's journal
+    storage in the file `storage` names (its folder must exist)."""
+    if "://" not in storage:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(storage)
+        if not path.parent.is_dir():
+            raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist", field="storage")
+        try:
+            return JournalStorage(JournalFileBackend(str(path)))
+        except OSError as exc:
+            raise InputError(f"cannot open the Optuna journal {storage}: {exc.strerror or exc}",
+                             field="storage") from None
+    return _open_rdb(storage)
+
+
+def _open_rdb(url: str):
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(5):
@@ -362,12 +403,27 @@ def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec]):
             raise InputError(f"cannot open the Optuna storage: {text}", field="storage") from None
     else:
         raise InputError("cannot open the Optuna storage: its tables could not be created", field="storage")
+    return storage
+
+
+def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], worker: int = 0):
+    """The study (created, or loaded to resume). `worker` numbers the --jobs workers: each seeds its
+    sampler with seed + worker (identical seeds would propose identical parameters), and parallel TPE
+    workers count each other's running trials as bad ("constant liar") so they do not all probe one
+    point; one worker (--jobs 1) samples exactly as before."""
+    import optuna
+
+    if spec.storage is None:
+        (out_dir / "tune").mkdir(parents=True, exist_ok=True)
+    storage = open_storage(spec.storage or storage_name(spec, out_dir))
+    seed = spec.seed + worker
     if spec.objective == "multi":
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.NSGAIISampler(seed=spec.seed)
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.NSGAIISampler(seed=seed)
         kwargs: dict[str, Any] = {"directions": ["maximize", "minimize"]}
         pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()  # Optuna prunes single-objective only
     else:
-        sampler = optuna.samplers.TPESampler(seed=spec.seed)  # reads trial.set_constraint
+        sampler = (optuna.samplers.TPESampler(seed=seed, constant_liar=True) if spec.jobs > 1
+                   else optuna.samplers.TPESampler(seed=seed))  # reads trial.set_constraint
         kwargs = {"direction": "maximize"}
         pruner = (optuna.pruners.MedianPruner(n_startup_trials=8, n_warmup_steps=4) if spec.prune
                   else optuna.pruners.NopPruner())
@@ -526,8 +582,6 @@ def _undeployable(spec: TuneSpec, k_max: int) -> Callable[[StrategySpec], str | 
 def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the study to `spec.trials` counted trials, then write tune/ and deploy/."""
     import optuna
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
 
     replay = open_replay(spec)  # bad workload/profile: fails here, before the study is created
     specs = candidate_specs(spec.strategies, _undeployable(spec, replay.k_max) if spec.scope == "engine" else None)
@@ -539,46 +593,121 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = open_study(spec, out_dir, specs)
     orphaned = fail_orphaned_trials(study)
-    objective = make_objective(spec, specs, replay, sm_axis)
     if not study.get_trials(deepcopy=False):  # a new study starts from every candidate's defaults
         for params in default_trials(specs, sm_axis)[: spec.trials]:
             study.enqueue_trial(params, skip_if_exists=True)
     before = _counted(study)
     remaining = spec.trials - before
     search_s = 0.0
+    helpers_failed: list[int] = []
     if remaining > 0:
-        callbacks = [MaxTrialsCallback(spec.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))]
         if progress is not None:
             progress(before, spec.trials)  # where this run starts (a resumed study has trials already)
-            callbacks.append(lambda st, _t: progress(_counted(st), spec.trials))
         t0 = time.monotonic()
-        # The budget bounds the search: a trial running when it is spent finishes (a trial is a
-        # simulated replay, seconds at most); loading before and writing results (and --confirm-top)
-        # after come on top.
-        with _stop_on_ctrl_c(study, callbacks) as stopped:
-            try:
-                study.optimize(objective, n_trials=remaining, timeout=spec.time_budget_s, callbacks=callbacks,
-                               catch=(InputError,))
-            except KeyboardInterrupt:  # a second Ctrl-C: Optuna failed the running trial; queue it again
-                mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == WORKER]
-                latest = max(mine, key=lambda t: t.number, default=None)
-                if latest is not None and latest.state == TrialState.FAIL:
-                    retry_trial(study, latest)
-                stopped.append(True)
-        if stopped:
+        # --jobs N: N - 1 helper processes and this one share the remaining trials (module docstring)
+        shares = [remaining // spec.jobs + (i < remaining % spec.jobs) for i in range(spec.jobs)]
+        helpers = _start_helpers(spec, out_dir, specs, sm_axis, shares[1:], replay)
+        stopped = _search(study, make_objective(spec, specs, replay, sm_axis), spec, shares[0], progress)
+        helpers_failed, helpers_stopped = _join_helpers(helpers)
+        if not (stopped or helpers_stopped):
+            # a helper that died left its trial RUNNING and its share undone: fail, requeue and finish it here
+            fail_orphaned_trials(study)
+            left = spec.trials - _counted(study)
+            budget_left = None if spec.time_budget_s is None else spec.time_budget_s - (time.monotonic() - t0)
+            if left > 0 and (budget_left is None or budget_left > 0):
+                stopped = _search(study, make_objective(spec, specs, replay, sm_axis),
+                                  spec.model_copy(update={"time_budget_s": budget_left}), left, progress)
+        if stopped or helpers_stopped:
             done = _counted(study)
             raise Interrupted(f"interrupted after {done - before} trial{'s' if done - before != 1 else ''} of this "
                               f"run ({done} of {spec.trials} in the study, kept in "
-                              f"{redact_url(spec.storage) if spec.storage else out_dir / 'tune' / 'study.db'}); "
+                              f"{storage_name(spec, out_dir)}); "
                               "re-run the same command to resume")
         search_s = time.monotonic() - t0
     counted = _counted(study)
     budget = {"time_budget_s": spec.time_budget_s, "search_s": search_s, "trials_run": counted - before,
-              "orphaned_trials_retried": orphaned,
+              "orphaned_trials_retried": orphaned, "jobs": spec.jobs, "helpers_failed": helpers_failed,
               "trials_total": counted, "trials_asked": spec.trials,
               "budget_spent": (spec.time_budget_s is not None and counted < spec.trials
                                and search_s >= spec.time_budget_s)}
     return write_results(spec, out_dir, study, replay, budget=budget)
+
+
+def _search(study, objective: Callable, spec: TuneSpec, n_trials: int,
+            progress: Callable[[int, int], None] | None = None) -> bool:
+    """Run up to `n_trials` trials of this process on the study, stopping once it holds `spec.trials`
+    counted trials or `spec.time_budget_s` is spent; True when Ctrl-C stopped it. The budget bounds the
+    search: a trial running when it is spent finishes (a trial is a simulated replay, seconds at most)."""
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    callbacks: list = [MaxTrialsCallback(spec.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))]
+    if progress is not None:
+        callbacks.append(lambda st, _t: progress(_counted(st), spec.trials))
+    if n_trials <= 0:
+        return False
+    with _stop_on_ctrl_c(study, callbacks) as stopped:
+        try:
+            study.optimize(objective, n_trials=n_trials, timeout=spec.time_budget_s, callbacks=callbacks,
+                           catch=(InputError,))
+        except KeyboardInterrupt:  # a second Ctrl-C: Optuna failed the running trial; queue it again
+            mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == WORKER]
+            latest = max(mine, key=lambda t: t.number, default=None)
+            if latest is not None and latest.state == TrialState.FAIL:
+                retry_trial(study, latest)
+            stopped.append(True)
+    return bool(stopped)
+
+
+# exit codes of a --jobs helper process
+_HELPER_STOPPED, _HELPER_FAILED = 3, 4
+
+
+def _start_helpers(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], sm_axis: bool,
+                   shares: list[int], replay: Replay) -> list:
+    """Start one helper process per share of trials (`_helper`); forked where the platform allows it
+    (the helper inherits the loaded modules and this process's replay: a fork copies, nothing is pickled),
+    spawned elsewhere (the helper loads the replay itself)."""
+    import multiprocessing
+
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    helpers = []
+    for worker, share in enumerate(shares, start=1):
+        if share > 0:
+            proc = context.Process(target=_helper, daemon=True,
+                                   args=(spec, out_dir, specs, sm_axis, worker, share, replay if fork else None))
+            proc.start()
+            helpers.append(proc)
+    return helpers
+
+
+def _join_helpers(helpers: list) -> tuple[list[int], bool]:
+    """Wait for the helpers: (the pids of those that failed, whether Ctrl-C stopped any)."""
+    failed, stopped = [], False
+    for proc in helpers:
+        proc.join()
+        stopped |= proc.exitcode == _HELPER_STOPPED
+        if proc.exitcode not in (0, _HELPER_STOPPED):
+            failed.append(proc.pid)
+    return failed, stopped
+
+
+def _helper(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], sm_axis: bool, worker: int,
+            n_trials: int, replay: Replay | None) -> None:
+    """A --jobs helper process: its own replay and study handle on the shared storage, `n_trials` trials.
+    Exits 0, `_HELPER_STOPPED` after Ctrl-C, or `_HELPER_FAILED` with one line on stderr."""
+    global WORKER
+    WORKER = _this_worker()  # its trials name this process, so a resume can tell when it is gone
+    try:
+        study = open_study(spec, out_dir, specs, worker=worker)
+        replay = replay or open_replay(spec)
+        stopped = _search(study, make_objective(spec, specs, replay, sm_axis), spec, n_trials)
+    except (Exception, KeyboardInterrupt) as exc:
+        print(f"autospec tune: worker {worker} stopped: {type(exc).__name__}: {exc}".splitlines()[0],
+              file=sys.stderr, flush=True)
+        os._exit(_HELPER_FAILED)
+    os._exit(_HELPER_STOPPED if stopped else 0)
 
 
 # --- results ---------------------------------------------------------------------------------------------
@@ -608,7 +737,7 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     ranked = ranked_trials(study, spec)
     if not ranked:
         raise InputError("no trial completed (every trial failed or was pruned); see the study in "
-                         f"{redact_url(spec.storage) if spec.storage else out_dir / 'tune' / 'study.db'}",
+                         f"{storage_name(spec, out_dir)}",
                          field="trials")
     best = ranked[0]
     best_spec = StrategySpec.model_validate(best.user_attrs["spec"])
@@ -630,7 +759,7 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
     summary = {
         "schema_version": SCHEMA_VERSION,
         "study_name": study.study_name,
-        "storage": redact_url(spec.storage or f"sqlite:///{(out_dir / 'tune' / 'study.db').resolve()}"),
+        "storage": storage_name(spec, out_dir),
         "objective": spec.objective,
         "direction": "maximize" if spec.objective != "multi" else None,
         "directions": ["maximize", "minimize"] if spec.objective == "multi" else None,

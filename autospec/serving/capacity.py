@@ -28,12 +28,25 @@ fails, the capacity is 0 with `status = "below_range"` (the SLO is out of reach 
 search tried: e.g. one request alone exceeds the TPOT SLO); when the highest passes, the capacity is
 reported as that rate with `status = "above_range"` (a lower bound). A probe is one full replay, so
 one capacity costs ~8–12 replays; it runs on the simulator (`Replay` of `autospec.serving.replay`).
+
+Parallel probes (`jobs` > 1, issue 18): the search is a chain of decisions, each waiting on a replay,
+but the next few probes it *could* ask for are known in advance — after a probe at s the next is one
+scale if s passes and another if it fails. With N processes, every round replays the N probes nearest
+the search's current point in that tree of outcomes (breadth first: the probe it needs now, then both
+possible next ones, …) at once, and the search then walks on through the answers it has, exactly as a
+serial one would: the capacity, bracket and `probes` (the probes on the search's path, in order) are
+the same for any N, and the probes of the branch not taken are dropped. Two levels of the tree per
+round need 3 processes, so 2 cores save little on the bisection but a probe of each direction at s = 1;
+the processes are forked (no pickling of the replay), and where the platform cannot fork the search
+runs serially.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
@@ -92,27 +105,64 @@ def mean_rate(requests: Sequence[ServeRequest]) -> float:
 
 
 def capacity_search(attainment_at: Callable[[float], float], base_rate_rps: float,
-                    spec: CapacitySpec = CapacitySpec()) -> Capacity:
-    """Bracket and bisect the highest passing scale (module docstring); `attainment_at(scale)` replays."""
+                    spec: CapacitySpec = CapacitySpec(), *,
+                    attainments: Callable[[list[float]], list[float]] | None = None, width: int = 1) -> Capacity:
+    """Bracket and bisect the highest passing scale (module docstring); `attainment_at(scale)` replays.
+    With `attainments` (scales -> their attainments, replayed at once) and `width` > 1, each round asks it
+    for the `width` probes nearest the search's point in its tree of outcomes (`_speculate`); the result
+    is the serial search's."""
+    known: dict[float, float] = {}
+    while True:
+        needed, result = _walk(known, spec)
+        if result is not None:
+            return _result(spec, base_rate_rps, *result)
+        if attainments is None or width <= 1:
+            known[needed] = attainment_at(needed)
+            continue
+        scales = _speculate(known, spec, width)
+        known.update(zip(scales, attainments(scales)))
+
+
+class _Unknown(Exception):
+    """The serial search needs the attainment at `scale`, which is not known yet."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+
+_Outcome = tuple[float, "float | None", Literal["found", "below_range", "above_range"], list[tuple[float, float]]]
+
+
+def _walk(known: dict[float, float], spec: CapacitySpec) -> tuple[float, None] | tuple[None, _Outcome]:
+    """The serial search run on the attainments `known` (scale -> attainment): (the first scale it needs
+    that is not known, None), or (None, its result: scale, scale_fail, status, the probes on its path)."""
     probes: list[tuple[float, float]] = []
 
     def passes(scale: float) -> bool:
-        value = attainment_at(scale)
-        probes.append((scale, value))
-        return value >= spec.target
+        if scale not in known:
+            raise _Unknown(scale)
+        probes.append((scale, known[scale]))
+        return known[scale] >= spec.target
 
+    try:
+        return None, _search(passes, spec, probes)
+    except _Unknown as need:
+        return need.scale, None
+
+
+def _search(passes: Callable[[float], bool], spec: CapacitySpec, probes: list[tuple[float, float]]) -> _Outcome:
     lo, hi = 1.0, 1.0  # lo passes, hi fails, once bracketed
     if passes(1.0):
         while True:
             if hi >= spec.max_scale:
-                return _result(spec, base_rate_rps, hi, None, "above_range", probes)
+                return hi, None, "above_range", probes
             lo, hi = hi, min(hi * 2.0, spec.max_scale)
             if not passes(hi):
                 break
     else:
         while True:
             if lo <= 1.0 / spec.max_scale:
-                return _result(spec, base_rate_rps, 0.0, lo, "below_range", probes)
+                return 0.0, lo, "below_range", probes
             hi, lo = lo, max(lo / 2.0, 1.0 / spec.max_scale)
             if passes(lo):
                 break
@@ -122,7 +172,23 @@ def capacity_search(attainment_at: Callable[[float], float], base_rate_rps: floa
             lo = mid
         else:
             hi = mid
-    return _result(spec, base_rate_rps, lo, hi, "found", probes)
+    return lo, hi, "found", probes
+
+
+def _speculate(known: dict[float, float], spec: CapacitySpec, width: int) -> list[float]:
+    """Up to `width` scales to replay now: the one the search needs next, then, breadth first, those it
+    would need after each possible outcome (pass: attainment 1, fail: 0) of the ones before."""
+    scales: list[float] = []
+    frontier = [known]
+    while frontier and len(scales) < width:
+        assumed = frontier.pop(0)
+        needed, _ = _walk(assumed, spec)
+        if needed is None:
+            continue
+        if needed not in scales:
+            scales.append(needed)
+        frontier += [{**assumed, needed: 1.0}, {**assumed, needed: 0.0}]
+    return scales
 
 
 def _result(spec: CapacitySpec, base_rate_rps: float, scale: float, scale_fail: float | None,
@@ -133,10 +199,12 @@ def _result(spec: CapacitySpec, base_rate_rps: float, scale: float, scale_fail: 
 
 
 def replay_capacity(replay: "Replay", strategy: "StrategySpec", seed: int,
-                    spec: CapacitySpec = CapacitySpec(), at_own_load: ServeRecords | None = None) -> Capacity:
+                    spec: CapacitySpec = CapacitySpec(), at_own_load: ServeRecords | None = None,
+                    jobs: int = 1) -> Capacity:
     """Capacity of `strategy` on `replay` (a simulator's: every probe is a full replay at its scale).
     `at_own_load`: the records of the same replay at 1x (same seed), when the caller ran it already —
-    the first probe then reuses them instead of replaying again."""
+    the first probe then reuses them instead of replaying again. `jobs` > 1: probes replayed in that many
+    forked processes at once (module docstring, "Parallel probes"), the same result."""
     base = replay.requests
 
     def attainment_at(scale: float) -> float:
@@ -144,4 +212,24 @@ def replay_capacity(replay: "Replay", strategy: "StrategySpec", seed: int,
             return attainment(at_own_load, replay.slo)
         return attainment(replay.run(strategy, seed, requests=scaled_requests(base, scale)), replay.slo)
 
-    return capacity_search(attainment_at, mean_rate(base), spec)
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return capacity_search(attainment_at, mean_rate(base), spec)
+    global _PROBE
+    _PROBE = attainment_at  # the forked processes inherit it: nothing is pickled but scales and attainments
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+
+            def attainments(scales: list[float]) -> list[float]:
+                return list(pool.map(_probe, scales))
+
+            return capacity_search(attainment_at, mean_rate(base), spec, attainments=attainments, width=jobs)
+    finally:
+        _PROBE = None
+
+
+_PROBE: Callable[[float], float] | None = None  # the search's attainment_at, in its forked probe processes
+
+
+def _probe(scale: float) -> float:
+    assert _PROBE is not None
+    return _PROBE(scale)

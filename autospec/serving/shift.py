@@ -84,13 +84,13 @@ def _capacity(found: Capacity) -> dict[str, Any]:
 def shift_table(replay: "Replay", strategies: Sequence["StrategySpec"], seed: int,
                 spec: CapacitySpec = CapacitySpec(), *, oracles: Sequence[str] = (),
                 at_own_load: Mapping[str, ServeRecords] | None = None,
-                own_capacity: Mapping[str, Capacity] | None = None) -> dict[str, Any]:
+                own_capacity: Mapping[str, Capacity] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Every strategy at the load and prompt-mix shifts of `FACTORS` on `replay` (a simulator's) with
     engine seed `seed` (module docstring), and the best strategy at each point; JSON-serialisable.
     `oracles`: the names of strategies that read the future (`strategy.reads_the_future`), never the best.
     `at_own_load` / `own_capacity`: per strategy name, the caller's unshifted run and capacity with the
-    same seed, reused for the 1.0 points. Raises ValueError on a replay whose prompts are real token ids
-    (a prompt mix cannot be shifted)."""
+    same seed, reused for the 1.0 points. `jobs`: processes per capacity search (`replay_capacity`).
+    Raises ValueError on a replay whose prompts are real token ids (a prompt mix cannot be shifted)."""
     at_own_load, own_capacity = at_own_load or {}, own_capacity or {}
     mixes = {f: shifted_lengths(replay.requests, f) for f in FACTORS if f != 1.0}  # fails before any replay
     load_points, mix_points = [], []
@@ -109,7 +109,7 @@ def shift_table(replay: "Replay", strategies: Sequence["StrategySpec"], seed: in
             found = own_capacity.get(s.name) if factor == 1.0 else None
             if found is None:
                 shifted = replay if factor == 1.0 else dataclasses.replace(replay, requests=mixes[factor])
-                found = replay_capacity(shifted, s, seed, spec)
+                found = replay_capacity(shifted, s, seed, spec, jobs=jobs)
             values[s.name] = _capacity(found)
         mix_points.append({"factor": factor, "strategies": values,
                            "best": _best(values, _METRIC["mix"], set(oracles))})

@@ -67,6 +67,33 @@ def test_the_target_decides_what_passes():
     assert loose.scale == pytest.approx(5.0, rel=0.011) and strict.scale == pytest.approx(1.0, rel=0.011)
 
 
+def wobbly(scale: float) -> float:
+    """A non-monotone attainment curve (a burst landing differently): the search's path depends on
+    every answer, so parallel probing must follow it exactly."""
+    return 0.95 - 0.12 * math.log(scale) + 0.06 * math.sin(7 * scale)
+
+
+@pytest.mark.parametrize("width", [2, 3, 7])
+@pytest.mark.parametrize("curve", [wobbly, lambda s: 0.2, lambda s: 1.0, step_curve(0.3, []), step_curve(9.0, [])])
+def test_parallel_probes_give_the_serial_search_exactly(curve, width):
+    serial = capacity_search(curve, 2.0, CapacitySpec(rel_tol=0.01, max_scale=32))
+    rounds: list[list[float]] = []
+
+    def at_once(scales: list[float]) -> list[float]:
+        rounds.append(scales)
+        assert 1 <= len(scales) <= width and len(set(scales)) == len(scales)
+        return [curve(s) for s in scales]
+
+    parallel = capacity_search(lambda s: pytest.fail("asked serially"), 2.0, CapacitySpec(rel_tol=0.01, max_scale=32),
+                               attainments=at_once, width=width)
+    assert parallel == serial  # scale, bracket, status and the probes on the path, in order
+    assert len(rounds) <= len(serial.probes)
+    if width >= 3 and len(serial.probes) >= 3:  # both outcomes of the next probe covered: two levels a round
+        assert len(rounds) < len(serial.probes)
+    probed = [s for r in rounds for s in r]
+    assert len(probed) == len(set(probed))  # no scale replayed twice
+
+
 @pytest.fixture(scope="module")
 def replay():
     trace = load_workload(BURSTY).cap(120)
@@ -90,6 +117,13 @@ def test_on_the_simulator_the_reported_bracket_is_what_replays_measure(replay, n
                               replay.slo)
     assert at(found.scale) >= spec.target > at(found.scale_fail)
     assert found.rps == pytest.approx(found.scale * mean_rate(replay.requests))
+
+
+def test_capacity_in_forked_processes_is_the_serial_one(replay):
+    strategy = load_preset("static-k2")
+    own = replay.run(strategy, 0)
+    serial = replay_capacity(replay, strategy, 0, CapacitySpec(rel_tol=0.05), at_own_load=own)
+    assert replay_capacity(replay, strategy, 0, CapacitySpec(rel_tol=0.05), at_own_load=own, jobs=3) == serial
 
 
 def test_sd_buys_capacity_on_the_simulator_of_the_bundled_pair(replay):

@@ -22,6 +22,7 @@ from autospec.config import PairSpec
 from autospec.deploy import CONFIG_FILE, STRATEGY_FILE, vllm_form, write_deploy
 from autospec.fit import fit_profile, write_fit
 from autospec.strategy import apply_overrides, load_preset
+from autospec.tune import open_storage
 
 from stage_helpers import synthetic_workload, write_synthetic_run
 
@@ -53,7 +54,7 @@ def base_args(setup, out: Path, trials: int, *extra: str) -> list[str]:
 
 def study_of(out: Path) -> optuna.Study:
     summary = json.loads((out / "tune" / "summary.json").read_text())
-    return optuna.load_study(study_name=summary["study_name"], storage=summary["storage"])
+    return optuna.load_study(study_name=summary["study_name"], storage=open_storage(summary["storage"]))
 
 
 def test_tune_writes_every_artifact_and_resumes(setup, tmp_path):
@@ -61,7 +62,7 @@ def test_tune_writes_every_artifact_and_resumes(setup, tmp_path):
     first = tune_cli(*base_args(setup, out, 6), "--json")
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
-    for name in ("best.toml", "trials.parquet", "summary.json", "study.db"):
+    for name in ("best.toml", "trials.parquet", "summary.json", "study.journal"):
         assert (out / "tune" / name).is_file(), name
     for name in (STRATEGY_FILE, CONFIG_FILE, "README.md"):
         assert (out / "deploy" / name).is_file(), name
@@ -86,20 +87,38 @@ def test_tune_writes_every_artifact_and_resumes(setup, tmp_path):
     pd.testing.assert_series_equal(trials2["value"][:6], trials["value"], check_names=False)
 
 
+def test_jobs_share_the_study_between_processes(setup, tmp_path):
+    """--jobs 2: a helper process and the tune process split the trials on the default journal storage —
+    exactly --trials counted trials, every number once, both processes ran some, nothing left RUNNING."""
+    out = tmp_path / "run"
+    result = tune_cli(*base_args(setup, out, 12, "--no-prune", "--jobs", "2"), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["run"]["jobs"] == 2 and summary["run"]["helpers_failed"] == []
+    trials = study_of(out).get_trials(deepcopy=False)
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    assert [t.state.name for t in trials].count("COMPLETE") == 12 == len(trials)
+    workers = {t.user_attrs["worker"] for t in trials}
+    assert len(workers) == 2 and str(os.getpid()) not in {w.split(":")[1] for w in workers}
+    # the candidates' defaults were each run once, by one process or the other
+    assert sorted(t.params["strategy"] for t in trials[:4]) == sorted(FEW.split(","))
+
+
 def test_sigkill_mid_study_loses_no_completed_trial(setup, tmp_path):
     out = tmp_path / "run"
     args = base_args(setup, out, 40, "--no-prune")
     proc = subprocess.Popen([sys.executable, "-m", "autospec", "tune", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    storage = f"sqlite:///{(out / 'tune' / 'study.db').resolve()}"
+    journal = out / "tune" / "study.journal"
     completed: dict[int, float] = {}
     deadline = time.time() + 300
     try:
         while time.time() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            if not (out / "tune" / "study.db").exists():
+            if not journal.exists():
                 continue
             try:
+                storage = open_storage(str(journal))
                 names = optuna.get_all_study_names(storage)
                 if not names:
                     continue
@@ -115,6 +134,7 @@ def test_sigkill_mid_study_loses_no_completed_trial(setup, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, "tune finished before it could be killed"
+    storage = open_storage(str(journal))
     study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     completed = {t.number: t.value for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
     assert len(completed) >= 4
@@ -257,7 +277,8 @@ def test_opening_a_fresh_shared_storage_retries_the_table_creation_race(tmp_path
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
     monkeypatch.setattr(tune_module.time, "sleep", lambda s: None)
-    spec = tune_module.TuneSpec(workload=tmp_path / "w.toml", profile=tmp_path, study_name="race")
+    spec = tune_module.TuneSpec(workload=tmp_path / "w.toml", profile=tmp_path, study_name="race",
+                                storage=f"sqlite:///{tmp_path / 'race.db'}")
     study = tune_module.open_study(spec, tmp_path, {})
     assert len(calls) == 2 and study.study_name == "race"
 

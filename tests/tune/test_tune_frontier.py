@@ -13,7 +13,7 @@ from autospec.deploy import CONFIG_FILE
 from autospec.fit import fit_profile, write_fit
 from autospec.serving.metrics import Slo
 from autospec.strategy import StrategySpec, load_preset, search_space
-from autospec.tune import TuneSpec, run_tune, sample_strategy
+from autospec.tune import TuneSpec, open_storage, run_tune, sample_strategy
 
 from stage_helpers import synthetic_workload, write_synthetic_run
 
@@ -60,7 +60,7 @@ def test_tune_searches_the_chunk_and_best_toml_round_trips(tmp_path):
     assert not any("sm_split" in c for c in trials.columns)  # no r axis in this profile: r is not searched
     assert (trials["state"] == "COMPLETE").sum() == 10
     best = load_preset(out / "tune" / "best.toml")
-    study = optuna.load_study(study_name=summary["study_name"], storage=summary["storage"])
+    study = optuna.load_study(study_name=summary["study_name"], storage=open_storage(summary["storage"]))
     trial = study.trials[summary["best"]["number"]]
     ran = StrategySpec.model_validate(trial.user_attrs["spec"])
     assert best.execution == ran.execution and best.length == ran.length

@@ -19,7 +19,7 @@ import pytest
 
 from autospec.config import RunSpec, dump_run_spec, public_run_config, redact_url
 from autospec.fit import fit_profile, write_fit
-from autospec.tune import WORKER, fail_orphaned_trials
+from autospec.tune import WORKER, fail_orphaned_trials, open_storage
 
 from stage_helpers import synthetic_workload, write_synthetic_run
 
@@ -43,8 +43,11 @@ def _args(setup, out: Path, trials: int) -> list[str]:
 
 
 def _study(out: Path) -> optuna.Study | None:
-    storage = f"sqlite:///{(out / 'tune' / 'study.db').resolve()}"
+    journal = out / "tune" / "study.journal"
+    if not journal.exists():
+        return None
     try:
+        storage = open_storage(str(journal))
         names = optuna.get_all_study_names(storage)
         return optuna.load_study(study_name=names[0], storage=storage) if names else None
     except Exception:  # the database is being created

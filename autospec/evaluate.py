@@ -79,7 +79,7 @@ from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, load_fit, profiled_grid
 from autospec.policies.base import policy_class
-from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
+from autospec.profile import HOST_SPEED_SHAPE, HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
 from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.coverage import outside_grid, outside_text
 from autospec.serving.loop import serve
@@ -269,13 +269,24 @@ def open_vllm_replay(trace: Trace, pair: PairSpec, *, profile: Path | None = Non
     installed."""
     # lazily, here only: vLLM is reached on a vLLM engine alone (docs/architecture.md, "Imports")
     from autospec.serving.vllm.engine import config_vocab_size, require_vllm
-    from autospec.serving.vllm.replay import VllmReplayer, VllmWindowReplay
+    from autospec.serving.vllm.replay import VllmWindowReplay
 
     require_vllm()
-    replayer = VllmReplayer(pair.target, pair.draft, max_batch=max_batch, temperature=temperature, seed=seed,
-                            k_max=k_max, fit=profile, max_concurrency=max_concurrency)
+    replayer = _vllm_replayer(pair, profile, max_batch=max_batch, temperature=temperature, seed=seed, k_max=k_max,
+                              max_concurrency=max_concurrency)
     requests = trace_requests(trace, _torch_prompts(trace, None, pair, vocab=config_vocab_size(pair.target)))
     return VllmWindowReplay(replayer, requests, Slo() if slo is None else slo, k_max)
+
+
+def _vllm_replayer(pair: PairSpec, profile: Path | None, **settings: Any):
+    """The vLLM replayer of `pair` (online length policies take `profile`'s fit), with the host-speed
+    probe against `profile`'s vLLM latency rows around every run (serving/vllm/speed_check.py)."""
+    from autospec.serving.vllm.replay import VllmReplayer
+    from autospec.serving.vllm.speed_check import VllmSpeedReference
+
+    reference = (VllmSpeedReference.from_profile(profile, settings["max_batch"], HOST_SPEED_SHAPE)
+                 if profile is not None else None)
+    return VllmReplayer(pair.target, pair.draft, fit=profile, speed_reference=reference, **settings)
 
 
 def _torch_prompts(trace: Trace, engine, pair: PairSpec, vocab: int | None = None) -> list[Any]:
@@ -504,8 +515,8 @@ def measurement_disturbed(summary: dict[str, Any]) -> bool:
 
 def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
     """{tolerance, ratios by strategy, range, disturbed, note}: whether the host ran the real engine at the
-    speed it was profiled at (`autospec.profile.HostSpeedCheck`); None when no run was checked (the
-    simulator, vLLM, no torch profile)."""
+    speed it was profiled at (`autospec.profile.HostSpeedCheck`, on vLLM `serving.vllm.speed_check`); None
+    when no run was checked (the simulator, a real engine without a profile of its own kind)."""
     every = [r for runs in ratios.values() for r in runs]
     if not every:
         return None
@@ -524,11 +535,9 @@ def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
     repeats on it, every run replayed here before the records are read (strategy-major)."""
     # lazily, here only: the vLLM runner is reached on --engine vllm alone (docs/architecture.md, "Imports")
     from autospec.serving.vllm.engine import config_vocab_size
-    from autospec.serving.vllm.replay import VllmReplayer
 
-    vllm_replayer = VllmReplayer(spec.pair.target, spec.pair.draft, max_batch=spec.max_batch,
-                                 temperature=spec.temperature, seed=spec.seed, k_max=spec.k_max,
-                                 fit=spec.profile, max_concurrency=spec.max_concurrency)
+    vllm_replayer = _vllm_replayer(spec.pair, spec.profile, max_batch=spec.max_batch, temperature=spec.temperature,
+                                   seed=spec.seed, k_max=spec.k_max, max_concurrency=spec.max_concurrency)
     vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
     requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
                                                     vocab=config_vocab_size(spec.pair.target)))

@@ -79,6 +79,7 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -373,10 +374,13 @@ def open_storage(storage: str):
         path = Path(storage)
         if not path.parent.is_dir():
             raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist", field="storage")
-        try:
+        try:  # the constructor reads the whole journal back
             return JournalStorage(JournalFileBackend(str(path)))
         except OSError as exc:
             raise InputError(f"cannot open the Optuna journal {storage}: {exc.strerror or exc}",
+                             field="storage") from None
+        except (ValueError, KeyError, TypeError, RecursionError):  # not JSON lines of Optuna's journal
+            raise InputError(f"{storage} is not an Optuna journal file (a line is not one of its JSON records)",
                              field="storage") from None
     return _open_rdb(storage)
 
@@ -668,8 +672,6 @@ def _start_helpers(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec]
     """Start one helper process per share of trials (`_helper`); forked where the platform allows it
     (the helper inherits the loaded modules and this process's replay: a fork copies, nothing is pickled),
     spawned elsewhere (the helper loads the replay itself)."""
-    import multiprocessing
-
     fork = "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if fork else "spawn")
     helpers = []

@@ -1,11 +1,14 @@
-"""Does autospec notice a busy host? One real torch-engine replay of a short workload on a quiet host, then
+"""Does autospec notice a busy host? One real-engine replay of a short workload on a quiet host, then
 the same replay beside one CPU-bound process per core; both summaries' measurement health recorded.
 
-    python benchmarks/measurement_health.py [--out benchmarks/results/measurement_health.json]
+    python benchmarks/measurement_health.py [--engine torch|vllm] [--profile DIR] \
+        [--out benchmarks/results/measurement_health.json | measurement_health_vllm.json]
 
-Each replay is `autospec evaluate --engine torch` of no-SD and static K=2 over the committed CI profile
-(the bundled pair on this kind of CPU, so its host-speed probe applies), 40 requests of a Poisson
-workload. The CPU-bound processes are plain Python busy loops, started a second before the replay and
+Each replay is `autospec evaluate --engine torch|vllm` of no-SD and static K=2, 40 requests of a
+Poisson workload, over a profile of that engine, so its host-speed probe applies: for torch the committed
+CI profile (the bundled pair on this kind of CPU), for vLLM `--profile DIR` or, without it, a fresh
+`autospec profile --engine vllm --quick` made first in a temporary folder (not timed; ~2.5 min). The
+CPU-bound processes are plain Python busy loops, started a second before the replay and
 stopped after it. Goal (issue 17): the busy replay's summary says `disturbed` (and why: host_load's
 other-process share, host_speed's probe ratio), the quiet one's host_load does not. The quiet replay's
 host_speed can still say disturbed on a host whose speed drifts by itself (docs/architecture.md,
@@ -52,7 +55,7 @@ def _spin() -> None:
         pass
 
 
-def replay(folder: Path, hogs: int) -> dict[str, Any]:
+def replay(folder: Path, hogs: int, engine: str, profile: Path) -> dict[str, Any]:
     """One evaluate run with `hogs` busy processes beside it; the summary's health fields."""
     workers = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(hogs)]
     for w in workers:
@@ -61,7 +64,7 @@ def replay(folder: Path, hogs: int) -> dict[str, Any]:
         time.sleep(1.0 if hogs else 0.0)
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "autospec", "evaluate", "--workload", str(folder / "w.toml"),
-                              "--strategies", "static-k2", "--engine", "torch", "--profile", str(CI_PROFILE),
+                              "--strategies", "static-k2", "--engine", engine, "--profile", str(profile),
                               "--out", str(folder / f"run-{hogs}"), "--no-capacity", "--no-shift"],
                              capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
@@ -81,25 +84,36 @@ def replay(folder: Path, hogs: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "measurement_health.json")
+    parser.add_argument("--engine", choices=["torch", "vllm"], default="torch")
+    parser.add_argument("--profile", type=Path, default=None, help="a run directory profiled on --engine")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    name = "measurement_health.json" if args.engine == "torch" else "measurement_health_vllm.json"
+    out = args.out or RESULTS / name
     cores = os.cpu_count() or 1
-    load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="health_") as tmp:
         folder = Path(tmp)
         (folder / "w.toml").write_text(WORKLOAD)
-        quiet = replay(folder, 0)
-        busy = replay(folder, cores)
+        profile = args.profile or (CI_PROFILE if args.engine == "torch" else folder / "profiled")
+        if args.engine == "vllm" and args.profile is None:
+            subprocess.run([sys.executable, "-m", "autospec", "profile", "--engine", "vllm", "--quick", "--out",
+                            str(profile)], check=True, capture_output=True, cwd=ROOT)
+        load_start = list(os.getloadavg())
+        quiet = replay(folder, 0, args.engine, profile)
+        busy = replay(folder, cores, args.engine, profile)
     goals = {"busy_flagged_disturbed": bool(busy["disturbed"]),
              "quiet_host_load_not_disturbed": not (quiet["host_load"] or {}).get("disturbed", True)}
-    result = {"schema_version": SCHEMA_VERSION, "benchmark": "measurement_health", "quiet": quiet, "busy": busy,
+    result = {"schema_version": SCHEMA_VERSION, "benchmark": "measurement_health", "engine": args.engine,
+              "profile": "fresh --quick vLLM profile" if args.engine == "vllm" and args.profile is None
+              else str(profile.relative_to(ROOT) if profile.is_relative_to(ROOT) else profile),
+              "quiet": quiet, "busy": busy,
               "goals_met": goals, "load_average_at_start": load_start, "hardware": hardware_info()}
-    write_json(args.out, result)
+    write_json(out, result)
     for name, run in (("quiet", quiet), ("busy", busy)):
         load = run["host_load"] or {}
         print(f"{name}: disturbed={run['disturbed']} others_cpu_share={load.get('others_cpu_share')} "
               f"host_speed={(run['host_speed'] or {}).get('range')} tpot_mean={run['tpot_mean_static_k2']:.4f}")
-    print(f"goals: {goals} -> {args.out}")
+    print(f"goals: {goals} -> {out}")
 
 
 if __name__ == "__main__":

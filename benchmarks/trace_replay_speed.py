@@ -1,7 +1,7 @@
 """Replay speed on a real trace: how many times faster than the trace's own (time-scaled) duration the
 simulator replays a whole real request trace at a load below capacity (issue 18: >= 1,000x).
 
-    python benchmarks/trace_replay_speed.py [--trace ../shared/data/azure_llm_2023_code.csv] [--format azure] \
+    python benchmarks/trace_replay_speed.py [--trace $AUTOSPEC_DATA_DIR/azure_llm_2023_code.csv] [--format azure] \
         [--run reports/ci-profile] [--strategies static-k4,no-sd,adaspec,dsde,adaedl] [--load 0.8] \
         [--repeats 3] [--out benchmarks/results/trace_replay_speed.json]
 
@@ -17,13 +17,14 @@ the trace's, not a growing queue's. Each strategy then replays the scaled trace 
 fresh engine (`Replay.run`, what `autospec evaluate --engine sim` runs per strategy; the batch path
 where the strategy has one, the per-request path otherwise); `speedup` = the scaled trace's duration
 (first to last arrival) / the median wall seconds. Goal: >= 1,000x for every strategy. Without the
-trace file (no `../shared/data`) the benchmark says so and exits 0 without writing.
+trace file (AUTOSPEC_DATA_DIR, default ../shared/data, lacks it) the benchmark says so and exits 0 without writing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -33,7 +34,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-DEFAULT_TRACE = REPO.parent / "shared" / "data" / "azure_llm_2023_code.csv"
+DATA = Path(os.environ.get("AUTOSPEC_DATA_DIR", REPO.parent / "shared" / "data"))
+DEFAULT_TRACE = DATA / "azure_llm_2023_code.csv"
 GOAL = 1000.0
 
 

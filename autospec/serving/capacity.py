@@ -116,6 +116,7 @@ def capacity_search(attainment_at: Callable[[float], float], base_rate_rps: floa
         needed, result = _walk(known, spec)
         if result is not None:
             return _result(spec, base_rate_rps, *result)
+        assert needed is not None
         if attainments is None or width <= 1:
             known[needed] = attainment_at(needed)
             continue

@@ -318,3 +318,19 @@ def test_scope_engine_searches_what_vllm_runs_and_deploys_the_best_deployable(se
     if summary["best"]["number"] != deployable["number"]:  # a scheduler won: named, not deployed
         assert summary["best"]["strategy"] == "lp-sjf"
         assert "not deployable on vLLM" in summary["deploy"]["notes"][0]
+
+
+@pytest.mark.parametrize("case", ["a-folder", "no-folder", "not-a-journal", "deep-json"])
+def test_a_bad_journal_storage_is_one_line(tmp_path, case):
+    """--storage naming a file that cannot be Optuna's journal: one line naming it, nothing else."""
+    from autospec.errors import InputError
+    from autospec.tune import open_storage
+
+    path = {"a-folder": tmp_path, "no-folder": tmp_path / "nowhere" / "s.journal"}.get(case, tmp_path / "s.journal")
+    if case == "not-a-journal":
+        path.write_text("garbage\nmore garbage\n")
+    elif case == "deep-json":
+        path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(InputError, match="journal") as err:
+        open_storage(str(path))
+    assert "\n" not in str(err.value) and err.value.field == "storage"

@@ -16,15 +16,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from autospec.errors import InputError
 from autospec.serving.records import ServeRecords
-from autospec.serving.vllm.engine import engine_kwargs, require_vllm, served_max_model_len, set_env_defaults
+from autospec.serving.vllm.engine import (
+    config_vocab_size,
+    engine_kwargs,
+    require_vllm,
+    served_max_model_len,
+    set_env_defaults,
+)
 from autospec.serving.vllm.speculative_config import speculative_config_for, vllm_form
+from autospec.serving.vllm.speed_check import PROBE_TOKENS, VllmSpeedReference
 from autospec.serving.vllm.step_log import ClientRecord, read_step_log, records_from_steps
 from autospec.strategy import StrategySpec
 
@@ -38,7 +48,8 @@ class VllmReplayer:
 
     def __init__(self, target: Path, draft: Path | None, *, max_batch: int, temperature: float = 0.0,
                  seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
-                 k_max: int | None = None, fit: Path | None = None, max_concurrency: int | None = None):
+                 k_max: int | None = None, fit: Path | None = None, max_concurrency: int | None = None,
+                 speed_reference: VllmSpeedReference | None = None):
         self.target, self.draft = Path(target), None if draft is None else Path(draft)
         self.max_batch, self.temperature, self.seed = max_batch, temperature, seed
         self.k_schedules = dict(k_schedules or {})
@@ -46,6 +57,9 @@ class VllmReplayer:
         if max_concurrency is not None and max_concurrency < 1:
             raise InputError(f"max concurrency must be >= 1 request, got {max_concurrency}", field="max_concurrency")
         self.max_concurrency = max_concurrency  # requests in flight at most; None = open loop
+        # the host-speed probe before and after each run (speed_check.py); None = no check
+        self.speed_reference = speed_reference
+        self._probes = itertools.count()  # probe request ids, unique on an engine
 
     def config_for(self, spec: StrategySpec) -> dict[str, Any]:
         rows = self.k_schedules.get(spec.name)
@@ -80,6 +94,8 @@ class VllmReplayer:
 
         cfg = self.config_for(spec)
         longest = max(len(r.prompt) + r.max_tokens for r in requests)
+        if self.speed_reference is not None:
+            longest = max(longest, self.speed_reference.context + PROBE_TOKENS)
         with tempfile.TemporaryDirectory(prefix="autospec-vllm-") as tmp:
             log_path = Path(tmp) / "steps.jsonl"
             # [chosen] Prefix caching off: every repeat replays the same prompts, and with the cache on a
@@ -97,13 +113,25 @@ class VllmReplayer:
                 try:
                     loop.run_until_complete(self._warm_up(engine, requests))
 
+                    def host_speed() -> float | None:
+                        """The probe's step time over the profile's (speed_check.py), None without one."""
+                        if self.speed_reference is None:
+                            return None
+                        t0 = time.perf_counter()
+                        loop.run_until_complete(self._probe(held[0], self.speed_reference))
+                        return self.speed_reference.ratio(read_step_log(log_path, t0))
+
                     def run(batch: Sequence[Any], repeat: int,
                             on_finish: Callable[[int], None] | None = None) -> ServeRecords:
+                        before = host_speed()
                         t0 = time.perf_counter()
                         client = loop.run_until_complete(self._submit_all(held[0], batch, t0, repeat, on_finish))
                         wall = time.perf_counter() - t0
                         steps = read_step_log(log_path, t0)
-                        return records_from_steps(spec.name, batch, steps, t0, client, wall)
+                        records = records_from_steps(spec.name, batch, steps, t0, client, wall)
+                        after = host_speed()  # its steps come after the run's, which were read above
+                        records.host_speed = [r for r in (before, after) if r is not None]
+                        return records
 
                     yield run
                 finally:
@@ -131,6 +159,25 @@ class VllmReplayer:
             async for _ in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt)), params,
                                            request_id=f"warmup{i}"):
                 pass
+
+    async def _probe(self, engine, reference: VllmSpeedReference) -> None:
+        """The host-speed probe: `reference.batch` requests of `reference.context` random prompt tokens,
+        PROBE_TOKENS tokens each, submitted together (greedy; the same prompts every probe)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        prompts = np.random.default_rng(0).integers(1, config_vocab_size(self.target),
+                                                    (reference.batch, reference.context)).tolist()
+        params = SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+
+        async def one(prompt: list[int]) -> None:
+            async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params,
+                                           request_id=f"speed-probe-{next(self._probes)}"):
+                pass
+
+        await asyncio.gather(*(one(p) for p in prompts))
 
     async def _submit_all(self, engine, requests: Sequence[Any], t0: float, repeat: int,
                           on_finish: Callable[[int], None] | None) -> dict[int, ClientRecord]:

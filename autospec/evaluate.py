@@ -329,6 +329,9 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     trace = load_workload(spec.workload)
     capacity_of: CapacityFn | None = None
     shift_of: ShiftFn | None = None
+    # the host's CPU load while a real engine is timed (telemetry.HostLoadMeter); the simulator needs none.
+    # Started before the engines: vLLM replays every run inside _vllm_runs, before the loop below reads them.
+    load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
     if spec.engine == "vllm":
         run, calibration = _vllm_runs(spec, trace, strategies, progress), {}
     else:
@@ -342,8 +345,6 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     first_capacity: dict[str, Capacity] = {}
     host_speed: dict[str, list[float]] = {s.name: [] for s in strategies}  # before/after each real run
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
-    # the host's CPU load while a real engine is timed (telemetry.HostLoadMeter); the simulator needs none
-    load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
     try:
         for repeat in range(spec.repeats):
             for strat in strategies:

@@ -83,6 +83,8 @@ def test_every_vllm_run_is_bracketed_by_the_probe(tmp_path):
     ratios = summary["host_speed"]["ratios"]
     assert set(ratios) == {"no-sd", "static-k2"}
     assert all(len(r) == 4 and all(math.isfinite(x) and x > 0 for x in r) for r in ratios.values())  # 2 runs x 2
+    # host_load covers the vLLM runs (replayed before evaluate reads them; it once measured 12 ms of reading)
+    assert summary["host_load"]["wall_s"] > 10  # two engines started, ~20 s each on a CPU
     requests = pd.read_parquet(out / "eval" / "requests.parquet")  # the probe's requests are not the run's
     assert len(requests) == 2 * 2 * 5
     steps = pd.read_parquet(out / "eval" / "steps.parquet")

@@ -13,8 +13,9 @@ read the torch engine's (a ratio outside 1 ± tolerance marks the run disturbed)
 
 The shape is the one the torch check uses (`HOST_SPEED_SHAPE`, passed in by the caller: a batch of 8 at
 context 128), at the profiled batch and row context nearest it (a row's context is the mean KV of its
-steps; the probe's prompts are that long, so its steps run a few tokens past it); no check (None) without a vLLM profile, or
-without a profiled batch the replay's `max_batch` can hold. Nothing here imports vLLM.
+steps; the probe's prompts are that long, so its steps run a few tokens past it); no check (None)
+without a vLLM profile, or without a profiled batch the replay's `max_batch` can hold. Nothing here
+imports vLLM.
 """
 
 from __future__ import annotations

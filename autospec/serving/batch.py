@@ -69,7 +69,8 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
     order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
     arrivals = [r.arrival_s for r in order]
     records = [RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain) for r in order]
-    batch = SimBatch(engine, max_batch, [len(r.prompt) for r in order], [r.max_tokens for r in order],
+    # rows: never more than the batch or the replay holds (a max_batch of 1e9 must not size the columns)
+    batch = SimBatch(engine, min(max_batch, len(order)), [len(r.prompt) for r in order], [r.max_tokens for r in order],
                      [r.req_id for r in order], [r.domain for r in order], [r.prompt_key for r in order])
     fused = engine.fused_prefill
     # request-steps: each step commits at least one token per request, so Σ max_tokens bounds them

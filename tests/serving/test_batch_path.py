@@ -103,6 +103,16 @@ def test_the_batch_path_replays_what_the_per_request_path_replays(run, layout, t
           _replay(engine_of, STRATEGIES[strategy], requests, True))
 
 
+def test_a_batch_larger_than_the_replay_sizes_nothing_by_it(run):
+    """--max-batch 1e9 (a hostile flag) once made the batch path allocate 45 GiB of columns; the rows it
+    needs are never more than the replay's requests, and it replays what the per-request path does."""
+    base = FittedSimEngine.from_dirs(run, k_max=K_MAX, temperature=0.0, seed=7)
+    requests = _requests("burst")
+    engine_of = lambda: _engine(base, "padded", 0.0)  # noqa: E731
+    _same(_replay(engine_of, load_preset("static-k2"), requests, False, max_batch=10**9),
+          _replay(engine_of, load_preset("static-k2"), requests, True, max_batch=10**9))
+
+
 @pytest.mark.skipif(not (CI_PROFILE / "profile").is_dir(), reason="the committed CI profile")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_on_a_real_profile_at_scale(temperature):

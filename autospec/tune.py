@@ -613,7 +613,7 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
         helpers = _start_helpers(spec, out_dir, specs, sm_axis, shares[1:], replay)
         stopped = _search(study, make_objective(spec, specs, replay, sm_axis), spec, shares[0], progress)
         helpers_failed, helpers_stopped = _join_helpers(helpers)
-        if not (stopped or helpers_stopped):
+        if helpers and not (stopped or helpers_stopped):
             # a helper that died left its trial RUNNING and its share undone: fail, requeue and finish it here
             fail_orphaned_trials(study)
             left = spec.trials - _counted(study)

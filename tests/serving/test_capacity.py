@@ -169,6 +169,14 @@ def test_evaluate_on_the_simulator_reports_capacity_and_its_probes(tmp_path):
     # and every strategy at ±30% load and prompt mix (autospec.serving.shift), its best per point printed
     assert set(summary["shift"]["mix"][0]["strategies"]) == {"no-sd", "static-k2"}
     assert "±30% shifts" in res.stdout
+    # --jobs 3: the probes replayed ahead in forked processes, the same capacities, probes and shift table
+    res3 = subprocess.run([sys.executable, "-m", "autospec.cli", "evaluate", "--workload", str(BURSTY), "--engine",
+                           "sim", "--profile", str(PROFILE), "--strategies", "static-k2", "--out",
+                           str(tmp_path / "run3"), "--capacity-target", "0.8", "--jobs", "3"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert res3.returncode == 0, res3.stderr
+    summary3 = json.loads((tmp_path / "run3" / "eval" / "summary.json").read_text())
+    assert summary3["capacity"] == summary["capacity"] and summary3["shift"] == summary["shift"]
 
 
 def test_no_shift_leaves_the_shift_table_out_and_keeps_capacity(tmp_path):

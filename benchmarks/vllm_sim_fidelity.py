@@ -10,7 +10,9 @@ benchmarks/sim_fidelity.py (whose helpers it reuses): the Azure code workload re
 acceptance traces recorded on the prompts the replay sends (by the torch engine: at T=0 its output is
 vLLM's, tests/vllm), latency from vLLM's own engine steps (draft time measured inside vLLM's worker),
 --profile-repeats timed steps per shape. vLLM replays each strategy --repeats times; the largest gap of
-one repeat from their mean ("vllm_noise_*") is the floor the errors are read against.
+one repeat from their mean ("vllm_noise_*") is the floor the errors are read against. The vLLM runs'
+measurement health (`vllm_host_speed`: the host-speed probe around each run, `vllm_host_load`) says
+whether the host ran at its profiled speed meanwhile.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def main() -> None:
                     "clock_draft_round_error": fit.get("clock_draft_round_error"), "prefill": fit["prefill"],
                     "prefill_mape": fit["prefill_mape"]},
         "profile_s": round(profile_s, 1), "vllm_replay_s": round(vllm_s, 1), "load_average_at_start": load_at_start,
+        # the vLLM replays' measurement health: the host-speed probe around every run against the profile
+        # (serving/vllm/speed_check.py) and the CPU others used meanwhile; disturbed runs misjudge the simulator
+        "vllm_host_speed": real_result.summary.get("host_speed"),
+        "vllm_host_load": real_result.summary.get("host_load"),
     }
     write_json(args.out, result)
     print({k: result[k] for k in ("max_err_tpot_mean", "meets_goal")})

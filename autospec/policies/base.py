@@ -38,7 +38,8 @@ from autospec.contract import VIEW_SIGNALS, DraftState, LatencyModel, RequestVie
 from autospec.errors import InputError
 
 __all__ = [
-    "LengthPolicy", "FixedLengthPolicy", "SmSplitChoice", "VerifyPolicy", "SchedulePolicy", "Pick",
+    "LengthPolicy", "FixedLengthPolicy", "UniformLengthPolicy", "TotalsLengthPolicy", "SmSplitChoice",
+    "VerifyPolicy", "SchedulePolicy", "Pick",
     "PolicyParams", "Policy", "LengthPolicyBase", "TargetLengthPolicy", "VerifyPolicyBase", "SchedulePolicyBase",
     "require_latency_model", "batch_context_tokens",
     "LENGTH_POLICIES", "VERIFY_POLICIES", "SCHEDULE_POLICIES", "REGISTRIES",
@@ -84,6 +85,22 @@ class UniformLengthPolicy(Protocol):
     (serving/batch.py) steps such a strategy's requests as arrays without calling the policy per step."""
 
     def uniform_length(self, batch_size: int) -> int: ...
+
+
+@runtime_checkable
+class TotalsLengthPolicy(Protocol):
+    """An optional capability of a length policy that gives every request of a step one draft length,
+    decided from the step's totals alone — batch size, Σ context tokens (`batch_context_tokens`), K_max and
+    the latency model — and learns from the step's totals alone (Σ verified, Σ accepted): SmartSpec.
+    `step_length(...)` is what `begin_step`'s targets would be for every request (before clipping to K_max;
+    the same InputError where they would raise), `observe_totals(verified, accepted)` what `observe` does
+    with that outcome. The simulator's batch path (serving/batch.py) replays such a policy's strategy as
+    arrays, calling these two once per step."""
+
+    def step_length(self, batch_size: int, context_tokens: float, k_max: int,
+                    latency_model: LatencyModel | None) -> int: ...
+
+    def observe_totals(self, verified: int, accepted: int) -> None: ...
 
 
 @runtime_checkable

@@ -13,13 +13,8 @@ from typing import Any
 from pydantic import Field
 
 from autospec.contract import LatencyModel, StepContext, StepOutcome
-from autospec.policies.base import (
-    PolicyParams,
-    TargetLengthPolicy,
-    batch_context_tokens,
-    register_length,
-    require_latency_model,
-)
+from autospec.errors import InputError
+from autospec.policies.base import PolicyParams, TargetLengthPolicy, batch_context_tokens, register_length
 
 
 class SmartSpecParams(PolicyParams):
@@ -55,9 +50,15 @@ class SmartSpecLength(TargetLengthPolicy):
         self.alpha = self.params.initial_acceptance
 
     def best_k(self, ctx: StepContext) -> int:
-        model = require_latency_model(ctx, "smartspec")
-        b, n_c = ctx.batch_size, batch_context_tokens(ctx)
-        scores = [smartspec_goodput(model, self.alpha, k, b, n_c) for k in range(ctx.k_max + 1)]
+        return self.step_length(ctx.batch_size, batch_context_tokens(ctx), ctx.k_max, ctx.latency_model)
+
+    def step_length(self, batch_size: int, context_tokens: float, k_max: int,
+                    latency_model: LatencyModel | None) -> int:  # TotalsLengthPolicy
+        if latency_model is None:
+            raise InputError("the smartspec policy needs a fitted latency model (run `autospec fit`)",
+                             field="latency_model")
+        scores = [smartspec_goodput(latency_model, self.alpha, k, batch_size, context_tokens)
+                  for k in range(k_max + 1)]
         return max(range(len(scores)), key=lambda k: (scores[k], -k))  # ties go to the shorter draft
 
     def targets(self, ctx: StepContext) -> list[int]:
@@ -66,10 +67,12 @@ class SmartSpecLength(TargetLengthPolicy):
         return [self.best_k(ctx)] * ctx.batch_size
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
-        verified = sum(outcome.verified)
+        self.observe_totals(sum(outcome.verified), sum(outcome.accepted))
+
+    def observe_totals(self, verified: int, accepted: int) -> None:  # TotalsLengthPolicy
         if verified == 0:
             return
         w = self.params.ewma_weight
-        self.alpha = w * sum(outcome.accepted) / verified + (1.0 - w) * self.alpha
+        self.alpha = w * accepted / verified + (1.0 - w) * self.alpha
         if self.alpha < self.params.reset_below:
             self.alpha = self.params.reset_to

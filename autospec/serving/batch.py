@@ -5,7 +5,8 @@ operations (issue 18).
 policy asked every step, `sd_step` calling the length, verify and schedule policies — which is what
 any strategy needs and costs Python per request per step. A strategy whose length policy gives every
 request of a step the same draft length from the batch size alone (`policies.base.UniformLengthPolicy`:
-static K, no-SD, a per-batch-size K schedule), that verifies every draft and schedules FCFS, needs none
+static K, no-SD, a per-batch-size K schedule) or from the step's totals, learning from its totals
+(`TotalsLengthPolicy`: SmartSpec), that verifies every draft and schedules FCFS, needs none
 of that per request: FCFS without a KV budget never preempts, so the running requests are always the
 earliest admitted, in arrival order, and the waiting ones a contiguous run of the arrival order. Here
 the loop keeps only those two counts, and the simulator steps the running requests as arrays
@@ -26,10 +27,11 @@ from typing import Callable, Sequence, cast
 
 import numpy as np
 
+from autospec.contract import LatencyModel
 from autospec.engines.base import Engine, offers
 from autospec.engines.sim import SimEngine
 from autospec.engines.sim_batch import SimBatch
-from autospec.policies.base import UniformLengthPolicy
+from autospec.policies.base import TotalsLengthPolicy, UniformLengthPolicy
 from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog, StepRow
 from autospec.strategy import Strategy
 
@@ -42,7 +44,7 @@ def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: 
     spec = strategy.spec
     if not isinstance(engine, SimEngine):
         return f"the batch path is the simulator's ({type(engine).__name__} is not)"
-    if not offers(strategy.length, UniformLengthPolicy):
+    if not (offers(strategy.length, UniformLengthPolicy) or offers(strategy.length, TotalsLengthPolicy)):
         return f"length policy {spec.length.policy!r} sets per-request lengths"
     if spec.verify.policy != "all":
         return f"verify policy {spec.verify.policy!r} is not verify-all"
@@ -62,10 +64,14 @@ def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: 
 
 
 def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
-                  k_max: int, on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
-    """`serve` on the batch path (the caller checked `batch_path_problem`); the same ServeRecords."""
+                  k_max: int, latency_model: LatencyModel | None = None,
+                  on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
+    """`serve` on the batch path (the caller checked `batch_path_problem`); the same ServeRecords.
+    `latency_model`: the step settings' (a `TotalsLengthPolicy` decides with it)."""
     wall0 = time.perf_counter()
-    length = cast(UniformLengthPolicy, strategy.length)
+    # a length per batch size (cached), or per step from the step's totals, learning from its outcome
+    uniform = cast(UniformLengthPolicy, strategy.length) if offers(strategy.length, UniformLengthPolicy) else None
+    totals = None if uniform is not None else cast(TotalsLengthPolicy, strategy.length)
     order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
     arrivals = [r.arrival_s for r in order]
     records = [RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain) for r in order]
@@ -120,10 +126,18 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
                 finish(at_prefill, t_first)
         if not steps:
             continue
-        k = lengths.get(steps)
-        if k is None:
-            k = lengths[steps] = max(0, min(int(length.uniform_length(steps)), k_max))
+        if totals is not None:
+            context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())
+            k = max(0, min(int(totals.step_length(steps, float(context), k_max, latency_model)), k_max))
+        else:
+            cached = lengths.get(steps)
+            if cached is None:
+                assert uniform is not None
+                cached = lengths[steps] = max(0, min(int(uniform.uniform_length(steps)), k_max))
+            k = cached
         accepted1, committed, finished, tokens, draft_s, verify_s = batch.step(steps, k)
+        if totals is not None:  # the step's outcome: every draft verified
+            totals.observe_totals(steps * k, int(accepted1.sum()) - steps)
         t_end = engine.now() - t0
         journal.step(now, t_end, steps, k, tokens, draft_s, verify_s, prefill_s, joining,
                      batch.total_context if steps == batch.n else int(batch.context[:steps].sum()),

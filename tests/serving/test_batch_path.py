@@ -31,6 +31,8 @@ STRATEGIES = {
     # K falls to 0 at batch 6 and above: steps without drafts between steps with them
     "batch-schedule": {"strategy": {"name": "sched"},
                        "length": {"policy": "batch-schedule", "edges": [1, 3, 6], "k": [4, 2, 0]}},
+    # one K per step from the step's totals, learning α from Σ accepted / Σ verified (TotalsLengthPolicy)
+    "smartspec": {"strategy": {"name": "smartspec"}, "length": {"policy": "smartspec"}},
 }
 
 
@@ -63,10 +65,10 @@ def _requests(kind: str) -> list[ServeRequest]:
                          ("code", "chat", "")[i % 3]) for i in range(n)]
 
 
-def _replay(engine_of, spec, requests, batch_path: bool, max_batch: int = 8):
+def _replay(engine_of, spec, requests, batch_path: bool, max_batch: int = 8, latency_model=None):
     engine = engine_of()
     strategy = build_strategy(spec_from_dict(spec) if isinstance(spec, dict) else spec)
-    settings = StepSettings(k_max=K_MAX, temperature=engine.temperature)
+    settings = StepSettings(k_max=K_MAX, temperature=engine.temperature, latency_model=latency_model)
     records = serve(engine, strategy, requests, max_batch=max_batch, settings=settings, batch_path=batch_path)
     return records, engine
 
@@ -99,8 +101,9 @@ def test_the_batch_path_replays_what_the_per_request_path_replays(run, layout, t
     base = FittedSimEngine.from_dirs(run, k_max=K_MAX, temperature=temperature, seed=7)
     requests = _requests(workload)
     engine_of = lambda: _engine(base, layout, temperature)  # noqa: E731
-    _same(_replay(engine_of, STRATEGIES[strategy], requests, False),
-          _replay(engine_of, STRATEGIES[strategy], requests, True))
+    model = load_fit(run).latency_model
+    _same(_replay(engine_of, STRATEGIES[strategy], requests, False, latency_model=model),
+          _replay(engine_of, STRATEGIES[strategy], requests, True, latency_model=model))
 
 
 def test_a_batch_larger_than_the_replay_sizes_nothing_by_it(run):
@@ -141,6 +144,8 @@ def test_it_is_taken_only_where_it_is_exact(run):
     assert "concurrency" in batch_path_problem(engine, static, **{**ok, "max_concurrency": 4})
     assert "output token" in batch_path_problem(engine, static, **{**ok, "keep_outputs": True})
     assert "per-request lengths" in batch_path_problem(engine, build_strategy(load_preset("dsde")), **ok)
+    assert "per-request lengths" in batch_path_problem(engine, build_strategy(load_preset("gp-lcb")), **ok)
+    assert batch_path_problem(engine, build_strategy(load_preset("smartspec")), **ok) is None  # step totals
     assert "FCFS" in batch_path_problem(engine, build_strategy(load_preset("las")), **ok)
     requests = _requests("poisson")
     settings = StepSettings(k_max=K_MAX, latency_model=load_fit(run).latency_model)

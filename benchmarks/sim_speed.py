@@ -15,8 +15,9 @@ timed), so batches stay nearly full.
 Timed, on the same workload, `max_batch` and engine: static-k4 on the batch path (serving/batch.py,
 what `evaluate --engine sim` and `tune` run for it) and on the per-request path (`serve(...,
 batch_path=False)`, today's loop for every other strategy), and one per-token policy (AdaEDL, which
-decides each draft token and so always takes the per-request path), and SmartSpec on both paths (one K
-per step from the step's totals: the batch path asks it once per step). Each replay is timed --repeats
+decides each draft token and so always takes the per-request path), and SmartSpec and the cost-aware
+oracle on both paths (they decide at the start of a step: one K per step from the step's totals, a K per
+request from its true match length and the step clock). Each replay is timed --repeats
 times on a fresh engine and strategy; the figures are medians. The two static-k4 replays must agree
 exactly (records, step log, clock), which the benchmark checks and records as `outputs_identical`.
 Goals (issue 18): the batch path's median <= 2 s, and >= 5x the per-request path's request-steps per
@@ -40,7 +41,9 @@ MEAN_PROMPT = 256
 MEAN_OUTPUT = 200
 STRATEGY = "static-k4"
 PER_TOKEN = "adaedl"  # decides each draft token (keep_drafting): the per-request path whatever the setting
-STEP_TOTALS = "smartspec"  # one K per step from the step's totals (TotalsLengthPolicy): both paths
+# decide at the start of a step, timed on both paths: one K per step from the step's totals (SmartSpec:
+# TotalsLengthPolicy), a K per request from its true match length and the step clock (oracle: MatchLengthPolicy)
+STEP_POLICIES = ("smartspec", "oracle")
 GOAL_WALL_S = 2.0
 GOAL_RATIO = 5.0
 K = 4
@@ -155,13 +158,15 @@ def main() -> None:
                                                              args.batch)
     token_spec = load_preset(PER_TOKEN)
     token = figures(*timed(replay, token_spec, None, args.repeats, args.seed, args.batch))
-    totals_spec = load_preset(STEP_TOTALS)
-    totals_batch = timed(replay, totals_spec, True, args.repeats, args.seed, args.batch)
-    totals_slow = timed(replay, totals_spec, False, args.repeats, args.seed, args.batch)
-    totals = {"strategy": STEP_TOTALS, **figures(*totals_batch), "per_request_path": figures(*totals_slow),
-              "outputs_identical": identical(totals_batch[2:], totals_slow[2:])}
-    totals["batch_over_per_request"] = (totals["request_steps_per_wall_s"]
-                                        / totals["per_request_path"]["request_steps_per_wall_s"])
+    step_policies = {}
+    for name in STEP_POLICIES:
+        policy = load_preset(name)
+        fast = timed(replay, policy, True, args.repeats, args.seed, args.batch)
+        slow = timed(replay, policy, False, args.repeats, args.seed, args.batch)
+        row = {**figures(*fast), "per_request_path": figures(*slow), "outputs_identical": identical(fast[2:], slow[2:])}
+        slow_rate = row["per_request_path"]["request_steps_per_wall_s"]
+        row["batch_over_per_request"] = row["request_steps_per_wall_s"] / slow_rate
+        step_policies[name] = row
     batched, per_request = figures(batch_wall, batch_walls, batch_records, batch_engine), figures(
         slow_wall, slow_walls, slow_records, slow_engine)
     ratio = batched["request_steps_per_wall_s"] / per_request["request_steps_per_wall_s"]
@@ -181,8 +186,8 @@ def main() -> None:
         **batched,
         "per_request_path": per_request,
         "per_token_policy": {"strategy": PER_TOKEN, **token},
-        # SmartSpec: the batch path asks it once per step (policies.base.TotalsLengthPolicy); both paths timed
-        "step_totals_policy": totals,
+        # policies deciding at the start of a step, on both paths (STEP_POLICIES)
+        "step_policies": step_policies,
         "batch_over_per_request": ratio,
         "outputs_identical": same,
         "goal_wall_s": GOAL_WALL_S,

@@ -709,34 +709,36 @@ class SimEngine:
         `draft_rounds` charges them) and one verify of every draft (as `verify` charges it) — for
         requests with `contexts` tokens of KV. Nothing is drafted and the clock does not move. On a
         padded engine the draft's lag is not known for hypothetical requests: every pass feeds 1 token.
-        """
-        ending = [0] * (self.k_max + 1)
-        longest = [0] * (self.k_max + 1)
-        shortest = [1 << 62] * (self.k_max + 1)
-        weighted, drafted, rounds = 0.0, 0, 0
-        starting = starting_context = 0
-        for c, k in zip(contexts, lengths):
-            if k > 0:
-                starting += 1
-                starting_context += c
-                weighted += k * c + k * (k - 1) / 2
-                drafted += k
-                ending[k] += 1
-                longest[k] = max(longest[k], c)
-                shortest[k] = min(shortest[k], c)
-                rounds = max(rounds, k)
+        (`step_time_rows` on arrays: the simulator's batch path asks it that way.)"""
+        return self.step_time_rows(np.asarray(contexts, np.int64), np.asarray(lengths, np.int64))
+
+    def step_time_rows(self, contexts: np.ndarray, lengths: np.ndarray) -> float:
+        """`step_time_s` of int64 arrays, from the aggregates `draft_rounds` and `verify` price (sums of
+        whole numbers, per-length counts and context extremes: exact in any order)."""
         n = len(contexts)
         if not n:
             return 0.0
+        drafting = lengths > 0
+        drafted = int(lengths.sum())
+        rounds = int(lengths.max())
+        ending = np.bincount(lengths[drafting], minlength=self.k_max + 1).tolist()
         if self._split_r:
+            weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
             verify_s = self.faser.verify_time(n, drafted / n, self._split_r)  # type: ignore[union-attr]
             return self._rounds_s(weighted, drafted, rounds, ending) + verify_s
         if self.padded_batches:
-            verify_s = self._target_pass_s(n * max(contexts), n * (rounds + 1), rounds == 0,
-                                           max(contexts) == min(contexts))
+            longest, shortest = [0] * (self.k_max + 1), [1 << 62] * (self.k_max + 1)
+            for k in np.flatnonzero(ending).tolist():
+                rows = contexts[lengths == k]
+                longest[k], shortest[k] = int(rows.max()), int(rows.min())
+            top, bottom = int(contexts.max()), int(contexts.min())
+            verify_s = self._target_pass_s(n * top, n * (rounds + 1), rounds == 0, top == bottom)
             return self._padded_rounds_s(ending, longest, shortest, rounds, 1) + verify_s
-        verify_s = self._target_pass_s(sum(contexts), drafted + n, drafted == 0)
-        round_s = self._round.forward(starting_context, starting) if self._round is not None and starting else 0.0
+        weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
+        verify_s = self._target_pass_s(int(contexts.sum()), drafted + n, drafted == 0)
+        starting = int(drafting.sum())
+        round_s = (self._round.forward(int(contexts[drafting].sum()), starting)
+                   if self._round is not None and starting else 0.0)
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
     def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:

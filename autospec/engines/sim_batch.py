@@ -154,6 +154,14 @@ class SimBatch:
                 self.lag_extra[:b] += 1
         else:  # packed rows: the lag prices nothing
             dt = e._target_pass_s(total, fed, k == 0)
+        return self._settle(b, accepted1, dt)
+
+    def _settle(self, b: int, accepted1: np.ndarray, dt: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, float, float]:
+        """The verify pass's `dt` on the clock, and rows 0..b-1 commit accepted1 tokens each (what room
+        they have): `step`'s return value."""
+        e = self.engine
+        context = self.context[:b]
         e._clock += dt
         e.totals["verify_s"] += dt
         draft_s, e._draft_since_verify = e._draft_since_verify, 0.0
@@ -168,6 +176,82 @@ class SimBatch:
         tokens = int(_SUM(committed))
         self.total_context += tokens
         return accepted1, committed, finished, tokens, draft_s, dt
+
+    def step_rows(self, b: int, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, float, float]:
+        """`step` with a draft length per row (`ks[i]` for row i, 0 <= ks[i] <= K_max): the per-request
+        path's `draft_rounds` and `verify` of those lengths, priced from the same aggregates (sums of
+        whole numbers, per-length counts and context extremes), so to the bit as well."""
+        e = self.engine
+        context = self.context[:b]
+        total = self.total_context if b == self.n else int(_SUM(context))
+        drafting = ks > 0
+        rounds = int(_MAX(ks)) if b else 0
+        if rounds > 0:
+            self._draft_rows(b, ks, drafting, rounds)
+        accepted1 = self._accept_rows(b, ks, rounds)
+        if self.padded:
+            longest, shortest = int(_MAX(context)), int(_MIN(context))
+            dt = e._target_pass_s(b * longest, b * (rounds + 1), rounds == 0, shortest == longest)
+            lag = self.lag_extra[:b]  # sim.draft_lag per row: 1 more without drafts, else 1 if all accepted
+            lag[:] = np.where(drafting, accepted1 > ks, lag + 1)
+        else:
+            fed = int(_SUM(ks)) + b
+            dt = e._target_pass_s(total, fed, fed <= b)
+        return self._settle(b, accepted1, dt)
+
+    def _draft_rows(self, b: int, ks: np.ndarray, drafting: np.ndarray, rounds: int) -> None:
+        """Draft rounds of per-row lengths over rows 0..b-1, priced as `SimEngine.draft_rounds` prices them."""
+        e = self.engine
+        context = self.context[:b]
+        ending = np.bincount(ks[drafting], minlength=e.k_max + 1).tolist()
+        if self.padded:
+            longest, shortest = [0] * (e.k_max + 1), [1 << 62] * (e.k_max + 1)
+            for k in np.flatnonzero(ending).tolist():
+                rows = context[ks == k]
+                longest[k], shortest[k] = int(_MAX(rows)), int(_MIN(rows))
+            dt = e._padded_rounds_s(ending, longest, shortest, rounds, 1 + int(_MAX(self.lag_extra[:b][drafting])))
+        else:  # Σ over drafted tokens of their context: Σ k·context + k(k−1)/2, whole numbers
+            weighted = int(_SUM(ks * context)) + int(_SUM(ks * (ks - 1) // 2))
+            dt = e._rounds_s(float(weighted), int(_SUM(ks)), rounds, ending)
+        if e._round is not None:
+            dt += e._round.forward(int(_SUM(context[drafting])), int(_SUM(drafting)))
+        e._clock += dt
+        e._draft_since_verify += dt
+        e.totals["draft_s"] += dt
+
+    def _accept_rows(self, b: int, ks: np.ndarray, rounds: int) -> np.ndarray:
+        """`_accept` with a length per row: accepted drafts + 1 of each row verifying its ks drafts."""
+        position = self.position[:b]
+        if self.greedy:
+            out = np.minimum(self.match[position], ks) + 1
+            base = self.position_base[position]
+            position[:] = base + (position - base + out) % self.position_size[position]
+            return out
+        out = np.minimum(self._realised(b, rounds), ks) + 1 if rounds else np.ones(b, np.int64)
+        g = self.g[:b]
+        g += out
+        owner = self.owner[:b]
+        position[:] = self.req_base[owner] + g % self.req_size[owner]
+        return out
+
+    def _realised(self, b: int, n: int) -> np.ndarray:
+        """T > 0, rows 0..b-1: the run of the first n chain positions whose fixed draws pass
+        (`SimEngine._realised_run`)."""
+        g, owner, position = self.g[:b], self.owner[:b], self.position[:b]
+        index = g[:, None].astype(np.uint64) * np.uint64(_DRAW_STRIDE) + np.arange(n, dtype=np.uint64)
+        z = index * _GOLDEN + self.req_key[owner][:, None] * _MIX1 + _MIX2
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        z ^= z >> np.uint64(31)
+        passed = (z >> np.uint64(11)).astype(np.float64) * _UNIT < self.accept[position, :n]
+        return np.where(passed.all(axis=1), n, passed.argmin(axis=1)).astype(np.int64)
+
+    def true_match(self, b: int) -> np.ndarray:
+        """Rows 0..b-1: `SimEngine.true_match_len` — at T = 0 the trace's match length at the row's position,
+        at T > 0 the realised run of K_max positions (the oracles' signal)."""
+        if self.greedy:
+            return self.match[self.position[:b]]
+        return self._realised(b, self.engine.k_max)
 
     def _draft(self, b: int, k: int, total: int, longest: int, shortest: int) -> None:
         """k draft rounds over rows 0..b-1, priced as `SimEngine.draft_rounds` prices them."""
@@ -193,18 +277,9 @@ class SimBatch:
             out = accepted1[position]
             position[:] = after[position]
             return out
+        # SimEngine._realised_run for every row: draw j at output position g is u(key, g·stride + j)
+        out = self._realised(b, k) + 1 if k else np.ones(b, np.int64)
         g = self.g[:b]
-        if k == 0:
-            out = np.ones(b, np.int64)
-        else:  # SimEngine._realised_run for every row: draw j at output position g is u(key, g·stride + j)
-            owner = self.owner[:b]
-            index = g[:, None].astype(np.uint64) * np.uint64(_DRAW_STRIDE) + np.arange(k, dtype=np.uint64)
-            z = index * _GOLDEN + self.req_key[owner][:, None] * _MIX1 + _MIX2
-            z = (z ^ (z >> np.uint64(30))) * _MIX1
-            z = (z ^ (z >> np.uint64(27))) * _MIX2
-            z ^= z >> np.uint64(31)
-            passed = (z >> np.uint64(11)).astype(np.float64) * _UNIT < self.accept[position, :k]
-            out = np.where(passed.all(axis=1), k, passed.argmin(axis=1)).astype(np.int64) + 1
         g += out
         owner = self.owner[:b]
         position[:] = self.req_base[owner] + g % self.req_size[owner]

@@ -38,7 +38,8 @@ from autospec.contract import VIEW_SIGNALS, DraftState, LatencyModel, RequestVie
 from autospec.errors import InputError
 
 __all__ = [
-    "LengthPolicy", "FixedLengthPolicy", "UniformLengthPolicy", "TotalsLengthPolicy", "SmSplitChoice",
+    "LengthPolicy", "FixedLengthPolicy", "UniformLengthPolicy", "TotalsLengthPolicy", "MatchLengthPolicy",
+    "SmSplitChoice",
     "VerifyPolicy", "SchedulePolicy", "Pick",
     "PolicyParams", "Policy", "LengthPolicyBase", "TargetLengthPolicy", "VerifyPolicyBase", "SchedulePolicyBase",
     "require_latency_model", "batch_context_tokens",
@@ -101,6 +102,17 @@ class TotalsLengthPolicy(Protocol):
                     latency_model: LatencyModel | None) -> int: ...
 
     def observe_totals(self, verified: int, accepted: int) -> None: ...
+
+
+@runtime_checkable
+class MatchLengthPolicy(Protocol):
+    """An optional capability of a stateless length policy that sets each request's draft length from
+    nothing but its true match length (capped at K_max), its context and the engine's step clock: the
+    oracles. `match_lengths(matches, contexts, clock)` — int64 arrays aligned with the step's requests,
+    `clock(contexts, lengths)` the engine's `StepClock` on arrays — returns what `begin_step`'s targets
+    are, as an int64 array. The simulator's batch path asks it once per step with the rows' arrays."""
+
+    def match_lengths(self, matches: Any, contexts: Any, clock: Callable[[Any, Any], float]) -> Any: ...
 
 
 @runtime_checkable

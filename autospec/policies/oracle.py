@@ -24,6 +24,10 @@ A length policy never changes which requests run (FCFS), so the per-step rate is
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import numpy as np
+
 from autospec.contract import StepContext
 from autospec.errors import InputError
 from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
@@ -48,13 +52,18 @@ class CostAwareOracleLength(TargetLengthPolicy):
         if clock is None:
             raise InputError("the oracle length policy needs an engine that knows its own step clock (the sim "
                              "engine)", field="length.policy")
-        matches = true_match_lengths(ctx, "oracle")
-        contexts = [r.context_len for r in ctx.requests]
-        n = len(contexts)
-        best, best_rate = [0] * n, n / clock(contexts, [0] * n)
-        for rounds in range(1, max(matches, default=0) + 1):
-            lengths = [m if m < rounds else rounds for m in matches]
-            rate = (n + sum(lengths)) / clock(contexts, lengths)
+        matches = np.asarray(true_match_lengths(ctx, "oracle"), np.int64)
+        contexts = np.asarray([r.context_len for r in ctx.requests], np.int64)
+        return self.match_lengths(matches, contexts, clock).tolist()
+
+    def match_lengths(self, matches: np.ndarray, contexts: np.ndarray,
+                      clock: Callable[[Any, Any], float]) -> np.ndarray:  # MatchLengthPolicy
+        n = len(matches)
+        best = np.zeros(n, np.int64)
+        best_rate = n / clock(contexts, best)
+        for rounds in range(1, int(matches.max(initial=0)) + 1):
+            lengths = np.minimum(matches, rounds)
+            rate = (n + int(lengths.sum())) / clock(contexts, lengths)
             if rate > best_rate:
                 best, best_rate = lengths, rate
         return best

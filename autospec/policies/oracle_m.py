@@ -9,6 +9,10 @@ drafting less is faster. The cost-aware oracle (`oracle`, policies/oracle.py) is
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import numpy as np
+
 from autospec.contract import StepContext
 from autospec.errors import InputError
 from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
@@ -29,6 +33,10 @@ class MatchOracleLength(TargetLengthPolicy):
 
     def targets(self, ctx: StepContext) -> list[int]:
         return true_match_lengths(ctx, "oracle-m")
+
+    def match_lengths(self, matches: np.ndarray, contexts: np.ndarray,
+                      clock: Callable[[Any, Any], float]) -> np.ndarray:  # MatchLengthPolicy
+        return matches
 
 
 def true_match_lengths(ctx: StepContext, policy: str) -> list[int]:

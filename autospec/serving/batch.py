@@ -31,7 +31,7 @@ from autospec.contract import LatencyModel
 from autospec.engines.base import Engine, offers
 from autospec.engines.sim import SimEngine
 from autospec.engines.sim_batch import SimBatch
-from autospec.policies.base import TotalsLengthPolicy, UniformLengthPolicy
+from autospec.policies.base import MatchLengthPolicy, TotalsLengthPolicy, UniformLengthPolicy
 from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog, StepRow
 from autospec.strategy import Strategy
 
@@ -44,7 +44,7 @@ def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: 
     spec = strategy.spec
     if not isinstance(engine, SimEngine):
         return f"the batch path is the simulator's ({type(engine).__name__} is not)"
-    if not (offers(strategy.length, UniformLengthPolicy) or offers(strategy.length, TotalsLengthPolicy)):
+    if not any(offers(strategy.length, form) for form in (UniformLengthPolicy, TotalsLengthPolicy, MatchLengthPolicy)):
         return f"length policy {spec.length.policy!r} sets per-request lengths"
     if spec.verify.policy != "all":
         return f"verify policy {spec.verify.policy!r} is not verify-all"
@@ -70,8 +70,10 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
     `latency_model`: the step settings' (a `TotalsLengthPolicy` decides with it)."""
     wall0 = time.perf_counter()
     # a length per batch size (cached), or per step from the step's totals, learning from its outcome
-    uniform = cast(UniformLengthPolicy, strategy.length) if offers(strategy.length, UniformLengthPolicy) else None
-    totals = None if uniform is not None else cast(TotalsLengthPolicy, strategy.length)
+    policy = strategy.length
+    uniform = cast(UniformLengthPolicy, policy) if offers(policy, UniformLengthPolicy) else None
+    totals = cast(TotalsLengthPolicy, policy) if offers(policy, TotalsLengthPolicy) else None
+    match = cast(MatchLengthPolicy, policy) if offers(policy, MatchLengthPolicy) else None
     order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
     arrivals = [r.arrival_s for r in order]
     records = [RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain) for r in order]
@@ -126,20 +128,28 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
                 finish(at_prefill, t_first)
         if not steps:
             continue
-        if totals is not None:
-            context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())
-            k = max(0, min(int(totals.step_length(steps, float(context), k_max, latency_model)), k_max))
+        drafts: int | np.ndarray
+        if match is not None:  # a length per row: the oracles
+            ks = match.match_lengths(np.minimum(batch.true_match(steps), k_max), batch.context[:steps],
+                                     engine.step_time_rows)
+            drafts = np.clip(np.asarray(ks, np.int64), 0, k_max)
+            accepted1, committed, finished, tokens, draft_s, verify_s = batch.step_rows(steps, drafts)
         else:
-            cached = lengths.get(steps)
-            if cached is None:
-                assert uniform is not None
-                cached = lengths[steps] = max(0, min(int(uniform.uniform_length(steps)), k_max))
-            k = cached
-        accepted1, committed, finished, tokens, draft_s, verify_s = batch.step(steps, k)
-        if totals is not None:  # the step's outcome: every draft verified
-            totals.observe_totals(steps * k, int(accepted1.sum()) - steps)
+            if totals is not None:
+                context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())
+                k = max(0, min(int(totals.step_length(steps, float(context), k_max, latency_model)), k_max))
+            else:
+                cached = lengths.get(steps)
+                if cached is None:
+                    assert uniform is not None
+                    cached = lengths[steps] = max(0, min(int(uniform.uniform_length(steps)), k_max))
+                k = cached
+            drafts = k
+            accepted1, committed, finished, tokens, draft_s, verify_s = batch.step(steps, k)
+            if totals is not None:  # the step's outcome: every draft verified
+                totals.observe_totals(steps * k, int(accepted1.sum()) - steps)
         t_end = engine.now() - t0
-        journal.step(now, t_end, steps, k, tokens, draft_s, verify_s, prefill_s, joining,
+        journal.step(now, t_end, steps, drafts, tokens, draft_s, verify_s, prefill_s, joining,
                      batch.total_context if steps == batch.n else int(batch.context[:steps].sum()),
                      batch.owner[:steps], accepted1, committed)
         if finished is not None:
@@ -164,29 +174,28 @@ class _StepJournal:
         self.start_s: list[float] = []
         self.end_s: list[float] = []
         self.batch: list[int] = []
-        self.k: list[int] = []
         self.committed: list[int] = []
         self.draft_s: list[float] = []
         self.verify_s: list[float] = []
         self.prefill_s: list[float] = []
         self.admitted: list[int] = []
         self.kv_tokens: list[int] = []
-        # per request of each step: its owner, accepted + 1 and tokens committed; np.empty leaves pages
-        # untouched until written, so the room costs only what the replay fills
-        self.owners, self.accepted1, self.c = (np.empty(room, np.int64) for _ in range(3))
+        # per request of each step: its owner, drafts, accepted + 1 and tokens committed; np.empty leaves
+        # pages untouched until written, so the room costs only what the replay fills
+        self.owners, self.drafted, self.accepted1, self.c = (np.empty(room, np.int64) for _ in range(4))
         self.filled = 0
         self.prefill_req: list[int] = []  # owners until `log` maps them to request ids
         self.prefill_t: list[float] = []
         self.prefill_before: list[int] = []
 
-    def step(self, start_s: float, end_s: float, batch: int, k: int, committed: int, draft_s: float,
+    def step(self, start_s: float, end_s: float, batch: int, k: int | np.ndarray, committed: int, draft_s: float,
              verify_s: float, prefill_s: float, admitted: int, kv_tokens: int, owners: np.ndarray,
              accepted1: np.ndarray, c: np.ndarray) -> None:
-        """One step's entries (`StepLog`'s columns; `accepted1` is accepted + 1 per request)."""
+        """One step's entries (`StepLog`'s columns; `k` the drafts of every request or of each, `accepted1`
+        accepted + 1 per request)."""
         self.start_s.append(start_s)
         self.end_s.append(end_s)
         self.batch.append(batch)
-        self.k.append(k)
         self.committed.append(committed)
         self.draft_s.append(draft_s)
         self.verify_s.append(verify_s)
@@ -195,9 +204,10 @@ class _StepJournal:
         self.kv_tokens.append(kv_tokens)
         start, stop = self.filled, self.filled + batch
         if stop > len(self.c):
-            self.owners, self.accepted1, self.c = (np.concatenate([a, np.empty_like(a)])
-                                                   for a in (self.owners, self.accepted1, self.c))
+            self.owners, self.drafted, self.accepted1, self.c = (
+                np.concatenate([a, np.empty_like(a)]) for a in (self.owners, self.drafted, self.accepted1, self.c))
         self.owners[start:stop] = owners
+        self.drafted[start:stop] = k
         self.accepted1[start:stop] = accepted1
         self.c[start:stop] = c
         self.filled = stop
@@ -222,7 +232,7 @@ class _StepJournal:
 
         n_values = self.filled
         owners, accepted1, committed = self.owners[:n_values], self.accepted1[:n_values], self.c[:n_values]
-        drafted = per_step(np.repeat(np.asarray(self.k, np.int64), np.asarray(sizes, np.int64)))
+        drafted = per_step(self.drafted[:n_values])
         return StepLog(
             start_s=self.start_s, end_s=self.end_s, batch=sizes,
             req_ids=per_step(np.asarray(req_ids, np.int64)[owners]),

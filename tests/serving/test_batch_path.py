@@ -33,6 +33,9 @@ STRATEGIES = {
                        "length": {"policy": "batch-schedule", "edges": [1, 3, 6], "k": [4, 2, 0]}},
     # one K per step from the step's totals, learning α from Σ accepted / Σ verified (TotalsLengthPolicy)
     "smartspec": {"strategy": {"name": "smartspec"}, "length": {"policy": "smartspec"}},
+    # a length per request from its true match length (and, for `oracle`, the engine's step clock)
+    "oracle-m": {"strategy": {"name": "oracle-m"}, "length": {"policy": "oracle-m"}},
+    "oracle": {"strategy": {"name": "oracle"}, "length": {"policy": "oracle"}},
 }
 
 

@@ -1,11 +1,11 @@
 """The simulator's batch path: the requests a `SimEngine` serves held as numpy arrays and stepped together.
 
 The per-request path (`SimEngine.add` / `draft_rounds` / `verify`) keeps a `_SimRequest` per request
-and walks them in Python every step; a 20,000-request replay spends most of its time there. When every
-request of a step drafts the same number of tokens and every draft is verified (static K, no-SD, a
-per-batch-size K schedule — `policies.base.UniformLengthPolicy` under verify-all), the step is a few
-array operations instead: `SimBatch` holds one column per per-request field and `step(b, k)` advances
-the first b rows by one SD step of k drafts.
+and walks them in Python every step; a 20,000-request replay spends most of its time there. When the
+step's draft lengths are decided at its start and every draft is verified (static K, no-SD, a
+per-batch-size K schedule, SmartSpec, the oracles under verify-all), the step is a few array operations
+instead: `SimBatch` holds one column per per-request field, `step(b, k)` advances the first b rows by
+one SD step of k drafts each and `step_rows(b, ks)` by one of ks[i] drafts for row i.
 
 It is the same simulator, not an approximation of it:
 
@@ -18,8 +18,8 @@ It is the same simulator, not an approximation of it:
   whole numbers, exact in float64 whatever the order — so the clock is bit-for-bit the per-request
   path's, and so are the engine's totals.
 
-What it does not do: SM splits and frontier steps (FASER's execution), per-request lengths, keeping
-output token ids; `serving.batch.batch_path_problem` sends those replays down the per-request path.
+What it does not do: SM splits and frontier steps (FASER's execution), lengths decided token by token,
+policies that learn per request (GP-LCB's refinement, DSDE), keeping output token ids; `serving.batch.batch_path_problem` sends those replays down the per-request path.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ policy asked every step, `sd_step` calling the length, verify and schedule polic
 any strategy needs and costs Python per request per step. A strategy whose length policy gives every
 request of a step the same draft length from the batch size alone (`policies.base.UniformLengthPolicy`:
 static K, no-SD, a per-batch-size K schedule) or from the step's totals, learning from its totals
-(`TotalsLengthPolicy`: SmartSpec), that verifies every draft and schedules FCFS, needs none
+(`TotalsLengthPolicy`: SmartSpec), or each request its own length from its true match length and the
+step clock (`MatchLengthPolicy`: the oracles), that verifies every draft and schedules FCFS, needs none
 of that per request: FCFS without a KV budget never preempts, so the running requests are always the
 earliest admitted, in arrival order, and the waiting ones a contiguous run of the arrival order. Here
 the loop keeps only those two counts, and the simulator steps the running requests as arrays

@@ -19,7 +19,8 @@ It is the same simulator, not an approximation of it:
   path's, and so are the engine's totals.
 
 What it does not do: SM splits and frontier steps (FASER's execution), lengths decided token by token,
-policies that learn per request (GP-LCB's refinement, DSDE), keeping output token ids; `serving.batch.batch_path_problem` sends those replays down the per-request path.
+policies that learn per request (GP-LCB's refinement, DSDE), keeping output token ids;
+`serving.batch.batch_path_problem` sends those replays down the per-request path.
 """
 
 from __future__ import annotations

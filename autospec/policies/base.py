@@ -39,6 +39,7 @@ from autospec.errors import InputError
 
 __all__ = [
     "LengthPolicy", "FixedLengthPolicy", "UniformLengthPolicy", "TotalsLengthPolicy", "MatchLengthPolicy",
+    "RequestLengthPolicy",
     "SmSplitChoice",
     "VerifyPolicy", "SchedulePolicy", "Pick",
     "PolicyParams", "Policy", "LengthPolicyBase", "TargetLengthPolicy", "VerifyPolicyBase", "SchedulePolicyBase",
@@ -113,6 +114,22 @@ class MatchLengthPolicy(Protocol):
     are, as an int64 array. The simulator's batch path asks it once per step with the rows' arrays."""
 
     def match_lengths(self, matches: Any, contexts: Any, clock: Callable[[Any, Any], float]) -> Any: ...
+
+
+@runtime_checkable
+class RequestLengthPolicy(Protocol):
+    """An optional capability of a length policy that decides each request's draft length from state it
+    keeps per request id and the step's totals, and learns from each request's verified and accepted
+    drafts and the step's seconds: GP-LCB. `request_lengths(req_ids, context_tokens, k_max, latency_model,
+    sm_split)` is what `begin_step`'s targets are, `observe_requests(req_ids, verified, accepted, finished,
+    step_s)` what `observe` does with that outcome (step_s = draft + verify + early-exit seconds). The
+    simulator's batch path asks both once per step."""
+
+    def request_lengths(self, req_ids: list[int], context_tokens: float, k_max: int,
+                        latency_model: LatencyModel | None, sm_split: float | None) -> list[int]: ...
+
+    def observe_requests(self, req_ids: Sequence[int], verified: Sequence[int], accepted: Sequence[int],
+                         finished: Sequence[bool], step_s: float) -> None: ...
 
 
 @runtime_checkable

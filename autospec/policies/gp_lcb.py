@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from pydantic import Field
 
-from autospec.contract import StepContext, StepOutcome
+from autospec.contract import LatencyModel, StepContext, StepOutcome
 from autospec.latency import sd_step_time
 from autospec.policies.base import PolicyParams, TargetLengthPolicy, batch_context_tokens, register_length
 
@@ -202,18 +202,25 @@ class GpLcbLength(TargetLengthPolicy):
     # --- the length policy ------------------------------------------------------------------------
 
     def targets(self, ctx: StepContext) -> list[int]:
-        b = ctx.batch_size
-        if b == 0 or ctx.k_max < 1:
+        return self.request_lengths([r.req_id for r in ctx.requests], batch_context_tokens(ctx), ctx.k_max,
+                                    ctx.latency_model, ctx.sm_split)
+
+    def request_lengths(self, req_ids: list[int], context_tokens: float, k_max: int,
+                        latency_model: LatencyModel | None, sm_split: float | None) -> list[int]:
+        """`targets` from what it reads: the step's requests, Σ context, K_max, the latency model and the
+        step's SM split (`RequestLengthPolicy`)."""
+        b = len(req_ids)
+        if b == 0 or k_max < 1:
             self._last = None
             return [0] * b
         bucket = batch_bucket(b)
-        pool: list[float | None] = list(self.params.sm_pool) or [ctx.sm_split]
+        pool: list[float | None] = list(self.params.sm_pool) or [sm_split]
         self._step_split = None
         # One GP per r; take the (r, s) with the lowest posterior mean.
         best: tuple[float, ContextKey, int] | None = None
         for r in pool:
             key = (bucket, r)
-            s_n, mu = self.select(key, ctx.k_max)
+            s_n, mu = self.select(key, k_max)
             if best is None or mu < best[0]:
                 best = (mu, key, s_n)
         assert best is not None
@@ -222,17 +229,16 @@ class GpLcbLength(TargetLengthPolicy):
         if self.params.sm_pool:
             self._step_split = key[1]
         if not self.params.refine:
-            return [s_n] * ctx.batch_size
+            return [s_n] * b
         # T̂(s) depends on the batch, not on the request: compute it once per candidate s, then take
         # Eq. 2's argmin for all requests at once.
-        candidates = [s for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= ctx.k_max]
+        candidates = [s for s in (s_n - 1, s_n, s_n + 1) if 1 <= s <= k_max]
         t_hat = self.observed_step_time(key, candidates)
         if t_hat is None:  # fewer than two distinct s observed in this context: the fitted line
-            if ctx.latency_model is None:
-                return [s_n] * ctx.batch_size
-            n_c = batch_context_tokens(ctx)
-            t_hat = np.array([sd_step_time(ctx.latency_model, [s] * ctx.batch_size, n_c) for s in candidates])
-        p = np.array([self._accept.get(r.req_id, np.nan) for r in ctx.requests])
+            if latency_model is None:
+                return [s_n] * b
+            t_hat = np.array([sd_step_time(latency_model, [s] * b, context_tokens) for s in candidates])
+        p = np.array([self._accept.get(rid, np.nan) for rid in req_ids])
         known = ~np.isnan(p)
         gains = np.stack([per_request_gain(np.where(known, p, 0.0), s) for s in candidates], axis=1)
         costs = t_hat[None, :] / (gains + self.params.eps)
@@ -240,8 +246,15 @@ class GpLcbLength(TargetLengthPolicy):
         return np.where(known, refined, s_n).tolist()
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
+        self.observe_requests(outcome.req_ids, outcome.verified, outcome.accepted, outcome.finished,
+                              outcome.draft_time_s + outcome.verify_time_s + outcome.early_exit_time_s)
+
+    def observe_requests(self, req_ids: Sequence[int], verified: Sequence[int], accepted: Sequence[int],
+                         finished: Sequence[bool], step_s: float) -> None:
+        """`observe` from what it reads: per request its verified and accepted drafts and whether it
+        finished, and the step's seconds (draft + verify + early exit) (`RequestLengthPolicy`)."""
         w = self.params.ewma_weight
-        for rid, v, m, done in zip(outcome.req_ids, outcome.verified, outcome.accepted, outcome.finished):
+        for rid, v, m, done in zip(req_ids, verified, accepted, finished):
             if done:
                 self._accept.pop(rid, None)
                 continue
@@ -251,13 +264,13 @@ class GpLcbLength(TargetLengthPolicy):
             p_hat = m / (m + (1 if m < v else 0)) if m > 0 else 0.0
             old = self._accept.get(rid)
             self._accept[rid] = p_hat if old is None else w * p_hat + (1.0 - w) * old
-        if self._last is None or outcome.batch_size == 0:
+        if self._last is None or not len(req_ids):
             return
         key, s_n = self._last
-        t_obs = outcome.draft_time_s + outcome.verify_time_s + outcome.early_exit_time_s
+        t_obs = step_s
         # a_obs per Eq. 4, so that s_n·a_obs = mean accepted tokens per request (requests may have
         # drafted s_n ± 1 after refinement)
-        a_obs = sum(outcome.accepted) / (outcome.batch_size * s_n)
+        a_obs = sum(accepted) / (len(req_ids) * s_n)
         self.record(key, s_n, t_obs / (s_n * a_obs + self.params.eps))
         self.record_time(key, s_n, t_obs)
         self._last = None

@@ -32,7 +32,13 @@ from autospec.contract import LatencyModel
 from autospec.engines.base import Engine, offers
 from autospec.engines.sim import SimEngine
 from autospec.engines.sim_batch import SimBatch
-from autospec.policies.base import MatchLengthPolicy, TotalsLengthPolicy, UniformLengthPolicy
+from autospec.policies.base import (
+    MatchLengthPolicy,
+    RequestLengthPolicy,
+    SmSplitChoice,
+    TotalsLengthPolicy,
+    UniformLengthPolicy,
+)
 from autospec.serving.records import RequestRecord, ServeRecords, ServeRequest, StepLog, StepRow
 from autospec.strategy import Strategy
 
@@ -45,8 +51,11 @@ def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: 
     spec = strategy.spec
     if not isinstance(engine, SimEngine):
         return f"the batch path is the simulator's ({type(engine).__name__} is not)"
-    if not any(offers(strategy.length, form) for form in (UniformLengthPolicy, TotalsLengthPolicy, MatchLengthPolicy)):
-        return f"length policy {spec.length.policy!r} sets per-request lengths"
+    forms = (UniformLengthPolicy, TotalsLengthPolicy, MatchLengthPolicy, RequestLengthPolicy)
+    if not any(offers(strategy.length, form) for form in forms):
+        return f"length policy {spec.length.policy!r} decides token by token"
+    if offers(strategy.length, SmSplitChoice) and cast(SmSplitChoice, strategy.length).chooses_sm_split:
+        return f"length policy {spec.length.policy!r} chooses an SM split per step"
     if spec.verify.policy != "all":
         return f"verify policy {spec.verify.policy!r} is not verify-all"
     if spec.schedule.policy != "fcfs":
@@ -65,17 +74,19 @@ def batch_path_problem(engine: Engine, strategy: Strategy, *, kv_budget_tokens: 
 
 
 def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[ServeRequest], *, max_batch: int,
-                  k_max: int, latency_model: LatencyModel | None = None,
+                  k_max: int, latency_model: LatencyModel | None = None, sm_split: float | None = None,
                   on_finish: Callable[[RequestRecord], None] | None = None) -> ServeRecords:
     """`serve` on the batch path (the caller checked `batch_path_problem`); the same ServeRecords.
-    `latency_model`: the step settings' (a `TotalsLengthPolicy` decides with it)."""
+    `latency_model`, `sm_split`: the step settings' (what the policies' step context would carry)."""
     wall0 = time.perf_counter()
     # a length per batch size (cached), or per step from the step's totals, learning from its outcome
     policy = strategy.length
     uniform = cast(UniformLengthPolicy, policy) if offers(policy, UniformLengthPolicy) else None
     totals = cast(TotalsLengthPolicy, policy) if offers(policy, TotalsLengthPolicy) else None
     match = cast(MatchLengthPolicy, policy) if offers(policy, MatchLengthPolicy) else None
+    request = cast(RequestLengthPolicy, policy) if offers(policy, RequestLengthPolicy) else None
     order = sorted(requests, key=lambda r: (r.arrival_s, r.req_id))
+    req_id_of = np.asarray([r.req_id for r in order], np.int64)
     arrivals = [r.arrival_s for r in order]
     records = [RequestRecord(r.req_id, r.arrival_s, len(r.prompt), r.max_tokens, r.domain) for r in order]
     # rows: never more than the batch or the replay holds (a max_batch of 1e9 must not size the columns)
@@ -135,6 +146,15 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
                                      engine.step_time_rows)
             drafts = np.clip(np.asarray(ks, np.int64), 0, k_max)
             accepted1, committed, finished, tokens, draft_s, verify_s = batch.step_rows(steps, drafts)
+        elif request is not None:  # a length per row from per-request state: GP-LCB
+            ids = req_id_of[batch.owner[:steps]].tolist()
+            context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())
+            drafts = np.clip(np.asarray(request.request_lengths(ids, float(context), k_max, latency_model, sm_split),
+                                        np.int64), 0, k_max)
+            accepted1, committed, finished, tokens, draft_s, verify_s = batch.step_rows(steps, drafts)
+            request.observe_requests(ids, drafts.tolist(), (accepted1 - 1).tolist(),
+                                     [False] * steps if finished is None else finished.tolist(),
+                                     draft_s + verify_s + 0.0)  # + early exit: none on the simulator
         else:
             if totals is not None:
                 context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())

@@ -145,7 +145,8 @@ def serve(engine: Engine, strategy: Strategy, requests: Sequence[ServeRequest], 
                                      max_concurrency=max_concurrency, keep_outputs=keep_outputs)
         if problem is None:
             return serve_batched(cast(SimEngine, engine), strategy, requests, max_batch=max_batch,
-                                 k_max=settings.k_max, latency_model=settings.latency_model, on_finish=on_finish)
+                                 k_max=settings.k_max, latency_model=settings.latency_model,
+                                 sm_split=settings.sm_split, on_finish=on_finish)
         if batch_path:
             raise ValueError(f"this replay cannot take the batch path: {problem}")
     return _Serving(engine, strategy, requests, max_batch=max_batch, settings=settings,

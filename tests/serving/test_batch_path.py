@@ -36,6 +36,8 @@ STRATEGIES = {
     # a length per request from its true match length (and, for `oracle`, the engine's step clock)
     "oracle-m": {"strategy": {"name": "oracle-m"}, "length": {"policy": "oracle-m"}},
     "oracle": {"strategy": {"name": "oracle"}, "length": {"policy": "oracle"}},
+    # per-request lengths from per-request acceptance and a GP over step costs (RequestLengthPolicy)
+    "gp-lcb": {"strategy": {"name": "gp-lcb"}, "length": {"policy": "gp-lcb"}},
 }
 
 
@@ -146,8 +148,12 @@ def test_it_is_taken_only_where_it_is_exact(run):
     assert "KV budget" in batch_path_problem(engine, static, **{**ok, "kv_budget_tokens": 1000})
     assert "concurrency" in batch_path_problem(engine, static, **{**ok, "max_concurrency": 4})
     assert "output token" in batch_path_problem(engine, static, **{**ok, "keep_outputs": True})
-    assert "per-request lengths" in batch_path_problem(engine, build_strategy(load_preset("dsde")), **ok)
-    assert "per-request lengths" in batch_path_problem(engine, build_strategy(load_preset("gp-lcb")), **ok)
+    assert "token by token" in batch_path_problem(engine, build_strategy(load_preset("dsde")), **ok)
+    assert "token by token" in batch_path_problem(engine, build_strategy(load_preset("adaedl")), **ok)
+    pooled = build_strategy(spec_from_dict({**STRATEGIES["gp-lcb"],
+                                            "length": {"policy": "gp-lcb", "sm_pool": [0.25, 0.5]}}))
+    assert "SM split" in batch_path_problem(engine, pooled, **ok)
+    assert batch_path_problem(engine, build_strategy(load_preset("gp-lcb")), **ok) is None  # per request
     assert batch_path_problem(engine, build_strategy(load_preset("smartspec")), **ok) is None  # step totals
     assert "FCFS" in batch_path_problem(engine, build_strategy(load_preset("las")), **ok)
     requests = _requests("poisson")

@@ -15,9 +15,10 @@ timed), so batches stay nearly full.
 Timed, on the same workload, `max_batch` and engine: static-k4 on the batch path (serving/batch.py,
 what `evaluate --engine sim` and `tune` run for it) and on the per-request path (`serve(...,
 batch_path=False)`, today's loop for every other strategy), and one per-token policy (AdaEDL, which
-decides each draft token and so always takes the per-request path), and SmartSpec and the cost-aware
-oracle on both paths (they decide at the start of a step: one K per step from the step's totals, a K per
-request from its true match length and the step clock). Each replay is timed --repeats
+decides each draft token and so always takes the per-request path), and SmartSpec, the cost-aware
+oracle, GP-LCB and DSDE on both paths (they decide at the start of a step: one K per step from the
+step's totals, a K per request from its true match length and the step clock or from per-request
+state). Each replay is timed --repeats
 times on a fresh engine and strategy; the figures are medians. The two static-k4 replays must agree
 exactly (records, step log, clock), which the benchmark checks and records as `outputs_identical`.
 Goals (issue 18): the batch path's median <= 2 s, and >= 5x the per-request path's request-steps per
@@ -42,8 +43,9 @@ MEAN_OUTPUT = 200
 STRATEGY = "static-k4"
 PER_TOKEN = "adaedl"  # decides each draft token (keep_drafting): the per-request path whatever the setting
 # decide at the start of a step, timed on both paths: one K per step from the step's totals (SmartSpec:
-# TotalsLengthPolicy), a K per request from its true match length and the step clock (oracle: MatchLengthPolicy)
-STEP_POLICIES = ("smartspec", "oracle")
+# TotalsLengthPolicy), a K per request from its true match length and the step clock (oracle:
+# MatchLengthPolicy) or from per-request state (GP-LCB, DSDE: RequestLengthPolicy)
+STEP_POLICIES = ("smartspec", "oracle", "gp-lcb", "dsde")
 GOAL_WALL_S = 2.0
 GOAL_RATIO = 5.0
 K = 4

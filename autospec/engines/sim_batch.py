@@ -3,7 +3,7 @@
 The per-request path (`SimEngine.add` / `draft_rounds` / `verify`) keeps a `_SimRequest` per request
 and walks them in Python every step; a 20,000-request replay spends most of its time there. When the
 step's draft lengths are decided at its start and every draft is verified (static K, no-SD, a
-per-batch-size K schedule, SmartSpec, the oracles under verify-all), the step is a few array operations
+per-batch-size K schedule, SmartSpec, the oracles, GP-LCB, DSDE under verify-all), the step is a few array operations
 instead: `SimBatch` holds one column per per-request field, `step(b, k)` advances the first b rows by
 one SD step of k drafts each and `step_rows(b, ks)` by one of ks[i] drafts for row i.
 
@@ -18,8 +18,8 @@ It is the same simulator, not an approximation of it:
   whole numbers, exact in float64 whatever the order — so the clock is bit-for-bit the per-request
   path's, and so are the engine's totals.
 
-What it does not do: SM splits and frontier steps (FASER's execution), lengths decided token by token,
-policies that learn per request (GP-LCB's refinement, DSDE), keeping output token ids;
+What it does not do: SM splits and frontier steps (FASER's execution), lengths decided token by token
+(AdaSpec, AdaEDL, the thresholds), keeping output token ids;
 `serving.batch.batch_path_problem` sends those replays down the per-request path.
 """
 
@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autospec.engines.sim import _DRAW_STRIDE, SimEngine, _mix
+from autospec.engines.sim import _DRAW_STRIDE, SimEngine, _mix, _TraceSlices
 from autospec.errors import InputError
 
 __all__ = ["SimBatch"]
@@ -246,6 +246,11 @@ class SimBatch:
         z ^= z >> np.uint64(31)
         passed = (z >> np.uint64(11)).astype(np.float64) * _UNIT < self.accept[position, :n]
         return np.where(passed.all(axis=1), n, passed.argmin(axis=1)).astype(np.int64)
+
+    def klds(self, positions: list[int], counts: list[int]) -> _TraceSlices:
+        """Per row, the trace's KLDs of its first counts[i] drafts at positions[i] (the rows' positions
+        before a step): a verify's `StepOutcome.klds`, sliced when read."""
+        return _TraceSlices(self.engine.traces.klds, positions, counts)
 
     def true_match(self, b: int) -> np.ndarray:
         """Rows 0..b-1: `SimEngine.true_match_len` — at T = 0 the trace's match length at the row's position,

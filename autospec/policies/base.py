@@ -120,16 +120,17 @@ class MatchLengthPolicy(Protocol):
 class RequestLengthPolicy(Protocol):
     """An optional capability of a length policy that decides each request's draft length from state it
     keeps per request id and the step's totals, and learns from each request's verified and accepted
-    drafts and the step's seconds: GP-LCB. `request_lengths(req_ids, context_tokens, k_max, latency_model,
-    sm_split)` is what `begin_step`'s targets are, `observe_requests(req_ids, verified, accepted, finished,
-    step_s)` what `observe` does with that outcome (step_s = draft + verify + early-exit seconds). The
-    simulator's batch path asks both once per step."""
+    drafts, their KLDs and the step's seconds: GP-LCB, DSDE. `request_lengths(req_ids, context_tokens,
+    k_max, latency_model, sm_split)` is what `begin_step`'s targets are, `observe_requests(req_ids,
+    verified, accepted, finished, step_s, klds)` what `observe` does with that outcome (step_s = draft +
+    verify + early-exit seconds; klds per request, of its verified drafts). The simulator's batch path
+    asks both once per step, verify-all (verified = drafted)."""
 
     def request_lengths(self, req_ids: list[int], context_tokens: float, k_max: int,
                         latency_model: LatencyModel | None, sm_split: float | None) -> list[int]: ...
 
     def observe_requests(self, req_ids: Sequence[int], verified: Sequence[int], accepted: Sequence[int],
-                         finished: Sequence[bool], step_s: float) -> None: ...
+                         finished: Sequence[bool], step_s: float, klds: Sequence[Sequence[float]]) -> None: ...
 
 
 @runtime_checkable

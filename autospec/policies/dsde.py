@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from pydantic import Field
 
-from autospec.contract import StepContext, StepOutcome
+from autospec.contract import LatencyModel, StepContext, StepOutcome
 from autospec.policies.base import PolicyParams, TargetLengthPolicy, register_length
 
 
@@ -168,28 +168,40 @@ class DsdeLength(TargetLengthPolicy):
         self.sl_max: float | None = None  # set once the warm-up ends
 
     def targets(self, ctx: StepContext) -> list[int]:
+        return self.request_lengths([r.req_id for r in ctx.requests], 0.0, ctx.k_max, None, None)
+
+    def request_lengths(self, req_ids: list[int], context_tokens: float, k_max: int,
+                        latency_model: LatencyModel | None, sm_split: float | None) -> list[int]:
+        """`targets` from what it reads: the step's requests and K_max (`RequestLengthPolicy`)."""
         if self.sl_max is None:
-            return [self.params.warmup_len or ctx.k_max] * ctx.batch_size
-        sl_max = min(max(self.sl_max, self.params.sl_min), ctx.k_max)
-        histories = [self._klds.get(r.req_id, ()) for r in ctx.requests]
-        last = [self._last_mean.get(r.req_id, 0.0) for r in ctx.requests]
-        sl_hat = [min(s, ctx.k_max) for s in predicted_lengths(histories, last, sl_max, self.params)]
+            return [self.params.warmup_len or k_max] * len(req_ids)
+        sl_max = min(max(self.sl_max, self.params.sl_min), k_max)
+        histories = [self._klds.get(rid, ()) for rid in req_ids]
+        last = [self._last_mean.get(rid, 0.0) for rid in req_ids]
+        sl_hat = [min(s, k_max) for s in predicted_lengths(histories, last, sl_max, self.params)]
         cap = batch_cap(sl_hat)
         return [min(s, cap) for s in sl_hat]
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
-        for rid, klds, done in zip(outcome.req_ids, outcome.klds, outcome.finished):
+        self.observe_requests(outcome.req_ids, outcome.drafted, outcome.accepted, outcome.finished, 0.0,
+                              outcome.klds)
+
+    def observe_requests(self, req_ids: Sequence[int], verified: Sequence[int], accepted: Sequence[int],
+                         finished: Sequence[bool], step_s: float, klds: Sequence[Sequence[float]]) -> None:
+        """`observe` from what it reads: per request its KLDs, accepted drafts and whether it finished, and
+        the step's drafts (`verified`: the per-request path passes the drafted counts) (`RequestLengthPolicy`)."""
+        for rid, row, done in zip(req_ids, klds, finished):
             if done:
                 self._klds.pop(rid, None)
                 self._last_mean.pop(rid, None)
             else:
-                self._klds.setdefault(rid, deque(maxlen=self.params.long_window)).extend(klds)
-                mean = step_mean(klds)
+                self._klds.setdefault(rid, deque(maxlen=self.params.long_window)).extend(row)
+                mean = step_mean(row)
                 if mean is not None:
                     self._last_mean[rid] = mean
         if self.sl_max is None:
-            self._warmup_proposed += sum(outcome.drafted)
-            self._warmup_klds.extend(k for ks in outcome.klds for k in ks)
-            self._warmup_max_accepted = max([self._warmup_max_accepted, *outcome.accepted])
+            self._warmup_proposed += sum(verified)
+            self._warmup_klds.extend(k for ks in klds for k in ks)
+            self._warmup_max_accepted = max([self._warmup_max_accepted, *accepted])
             if self._warmup_proposed >= self.params.warmup_tokens:
                 self.sl_max = calibrate_sl_max(self._warmup_max_accepted, self._warmup_klds)

@@ -247,12 +247,12 @@ class GpLcbLength(TargetLengthPolicy):
 
     def observe(self, ctx: StepContext, outcome: StepOutcome) -> None:
         self.observe_requests(outcome.req_ids, outcome.verified, outcome.accepted, outcome.finished,
-                              outcome.draft_time_s + outcome.verify_time_s + outcome.early_exit_time_s)
+                              outcome.draft_time_s + outcome.verify_time_s + outcome.early_exit_time_s, ())
 
     def observe_requests(self, req_ids: Sequence[int], verified: Sequence[int], accepted: Sequence[int],
-                         finished: Sequence[bool], step_s: float) -> None:
+                         finished: Sequence[bool], step_s: float, klds: Sequence[Sequence[float]]) -> None:
         """`observe` from what it reads: per request its verified and accepted drafts and whether it
-        finished, and the step's seconds (draft + verify + early exit) (`RequestLengthPolicy`)."""
+        finished, and the step's seconds (draft + verify + early exit) (`RequestLengthPolicy`; no KLDs)."""
         w = self.params.ewma_weight
         for rid, v, m, done in zip(req_ids, verified, accepted, finished):
             if done:

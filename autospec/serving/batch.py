@@ -7,7 +7,8 @@ any strategy needs and costs Python per request per step. A strategy whose lengt
 request of a step the same draft length from the batch size alone (`policies.base.UniformLengthPolicy`:
 static K, no-SD, a per-batch-size K schedule) or from the step's totals, learning from its totals
 (`TotalsLengthPolicy`: SmartSpec), or each request its own length from its true match length and the
-step clock (`MatchLengthPolicy`: the oracles), that verifies every draft and schedules FCFS, needs none
+step clock (`MatchLengthPolicy`: the oracles) or from state kept per request (`RequestLengthPolicy`:
+GP-LCB, DSDE), that verifies every draft and schedules FCFS, needs none
 of that per request: FCFS without a KV budget never preempts, so the running requests are always the
 earliest admitted, in arrival order, and the waiting ones a contiguous run of the arrival order. Here
 the loop keeps only those two counts, and the simulator steps the running requests as arrays
@@ -151,10 +152,13 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
             context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())
             drafts = np.clip(np.asarray(request.request_lengths(ids, float(context), k_max, latency_model, sm_split),
                                         np.int64), 0, k_max)
+            positions = batch.position[:steps].tolist()  # before the step moves them
             accepted1, committed, finished, tokens, draft_s, verify_s = batch.step_rows(steps, drafts)
-            request.observe_requests(ids, drafts.tolist(), (accepted1 - 1).tolist(),
+            counts = drafts.tolist()
+            request.observe_requests(ids, counts, (accepted1 - 1).tolist(),
                                      [False] * steps if finished is None else finished.tolist(),
-                                     draft_s + verify_s + 0.0)  # + early exit: none on the simulator
+                                     draft_s + verify_s + 0.0,  # + early exit: none on the simulator
+                                     batch.klds(positions, counts))
         else:
             if totals is not None:
                 context = batch.total_context if steps == batch.n else int(batch.context[:steps].sum())

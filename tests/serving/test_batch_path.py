@@ -38,6 +38,8 @@ STRATEGIES = {
     "oracle": {"strategy": {"name": "oracle"}, "length": {"policy": "oracle"}},
     # per-request lengths from per-request acceptance and a GP over step costs (RequestLengthPolicy)
     "gp-lcb": {"strategy": {"name": "gp-lcb"}, "length": {"policy": "gp-lcb"}},
+    # per-request lengths from each request's KLD history, after a warm-up (RequestLengthPolicy)
+    "dsde": {"strategy": {"name": "dsde"}, "length": {"policy": "dsde"}},
 }
 
 
@@ -148,7 +150,6 @@ def test_it_is_taken_only_where_it_is_exact(run):
     assert "KV budget" in batch_path_problem(engine, static, **{**ok, "kv_budget_tokens": 1000})
     assert "concurrency" in batch_path_problem(engine, static, **{**ok, "max_concurrency": 4})
     assert "output token" in batch_path_problem(engine, static, **{**ok, "keep_outputs": True})
-    assert "token by token" in batch_path_problem(engine, build_strategy(load_preset("dsde")), **ok)
     assert "token by token" in batch_path_problem(engine, build_strategy(load_preset("adaedl")), **ok)
     pooled = build_strategy(spec_from_dict({**STRATEGIES["gp-lcb"],
                                             "length": {"policy": "gp-lcb", "sm_pool": [0.25, 0.5]}}))

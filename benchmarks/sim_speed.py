@@ -14,11 +14,11 @@ timed), so batches stay nearly full.
 
 Timed, on the same workload, `max_batch` and engine: static-k4 on the batch path (serving/batch.py,
 what `evaluate --engine sim` and `tune` run for it) and on the per-request path (`serve(...,
-batch_path=False)`, today's loop for every other strategy), and one per-token policy (AdaEDL, which
+batch_path=False)`, the loop of every strategy without a batch form), and one per-token policy (AdaEDL, which
 decides each draft token and so always takes the per-request path), and SmartSpec, the cost-aware
 oracle, GP-LCB and DSDE on both paths (they decide at the start of a step: one K per step from the
 step's totals, a K per request from its true match length and the step clock or from per-request
-state). Each replay is timed --repeats
+state; each timed --policy-repeats times, default once). Each replay is timed --repeats
 times on a fresh engine and strategy; the figures are medians. The two static-k4 replays must agree
 exactly (records, step log, clock), which the benchmark checks and records as `outputs_identical`.
 Goals (issue 18): the batch path's median <= 2 s, and >= 5x the per-request path's request-steps per
@@ -138,6 +138,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="timed replays; wall_s is their median")
+    ap.add_argument("--policy-repeats", type=int, default=1,
+                    help="timed replays of each STEP_POLICIES strategy per path (their per-request paths are slow)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
     args = ap.parse_args()
 
@@ -163,8 +165,8 @@ def main() -> None:
     step_policies = {}
     for name in STEP_POLICIES:
         policy = load_preset(name)
-        fast = timed(replay, policy, True, args.repeats, args.seed, args.batch)
-        slow = timed(replay, policy, False, args.repeats, args.seed, args.batch)
+        fast = timed(replay, policy, True, args.policy_repeats, args.seed, args.batch)
+        slow = timed(replay, policy, False, args.policy_repeats, args.seed, args.batch)
         row = {**figures(*fast), "per_request_path": figures(*slow), "outputs_identical": identical(fast[2:], slow[2:])}
         slow_rate = row["per_request_path"]["request_steps_per_wall_s"]
         row["batch_over_per_request"] = row["request_steps_per_wall_s"] / slow_rate

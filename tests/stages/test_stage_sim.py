@@ -188,6 +188,27 @@ def test_draft_line_splits_vllm_draft_steps_into_per_pass_and_per_round():
     assert draft_line([4], [8.0]) == (2.0, 0.0)  # one K: all of it per pass
 
 
+def test_a_zero_draft_round_row_is_a_valid_profile_row_and_a_zero_time_elsewhere_is_not(tmp_path):
+    """The vLLM profiler writes a round row of exactly 0 when its line over K goes through the origin
+    (draft_line); the fit must take it (it once refused the profiler's own output: "median_s must be a
+    time in (0, 60) s"), while 0 s in any other row is still an impossible time."""
+    from autospec.artifacts import read_parquet, write_parquet
+    from autospec.calibration import LATENCY_COLUMNS, read_latency_table
+
+    run = write_synthetic_run(tmp_path / "vllm", engine="vllm", draft_round=(1e-7, 2e-4, 1e-3))
+    path = run / "profile" / "latency.parquet"
+    frame = read_parquet(path, LATENCY_COLUMNS)
+    rounds = frame.index[frame["phase"] == "round"]
+    frame.loc[rounds[0], "median_s"] = 0.0
+    write_parquet(path, frame)
+    assert (read_latency_table(run).loc[rounds[0], "median_s"]) == 0.0
+    assert fit_profile(run).clock_draft_round is not None
+    frame.loc[frame.index[frame["phase"] == "decode"][0], "median_s"] = 0.0
+    write_parquet(path, frame)
+    with pytest.raises(InputError, match="median_s"):
+        read_latency_table(run)
+
+
 def _serve_two(sim, preset="static-k2", gap=0.05):
     """r0 arrives at 0, r1 at `gap` (while r0 runs); 12 tokens each."""
     from autospec.serving.loop import serve

@@ -330,11 +330,14 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     capacity_of: CapacityFn | None = None
     shift_of: ShiftFn | None = None
     # the host's CPU load while a real engine is timed (telemetry.HostLoadMeter); the simulator needs none.
-    # Started before the engines: vLLM replays every run inside _vllm_runs, before the loop below reads them.
-    load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
+    # torch: over the whole loop below; vLLM: over each of its runs, which _vllm_runs replays (its engines
+    # alive) before the loop reads them
+    load_meter = None
     if spec.engine == "vllm":
-        run, calibration = _vllm_runs(spec, trace, strategies, progress), {}
+        load_meter = HostLoadMeter()
+        run, calibration = _vllm_runs(spec, trace, strategies, progress, load_meter), {}
     else:
+        load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
         run, calibration, capacity_of, shift_of = _loop_runs(spec, trace, strategies, progress)
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
@@ -531,14 +534,15 @@ def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
-               progress: Progress | None) -> RunFn:
+               progress: Progress | None, load_meter: HostLoadMeter | None = None) -> RunFn:
     """vLLM runs its own scheduler, so it is not an engine the loop drives: one engine per strategy, all
     repeats on it, every run replayed here before the records are read (strategy-major)."""
     # lazily, here only: the vLLM runner is reached on --engine vllm alone (docs/architecture.md, "Imports")
     from autospec.serving.vllm.engine import config_vocab_size
 
     vllm_replayer = _vllm_replayer(spec.pair, spec.profile, max_batch=spec.max_batch, temperature=spec.temperature,
-                                   seed=spec.seed, k_max=spec.k_max, max_concurrency=spec.max_concurrency)
+                                   seed=spec.seed, k_max=spec.k_max, max_concurrency=spec.max_concurrency,
+                                   load_meter=load_meter)
     vllm_replayer.check(strategies)  # not installed / unsupported strategy: fail before anything runs
     requests = trace_requests(trace, _torch_prompts(trace, None, spec.pair,
                                                     vocab=config_vocab_size(spec.pair.target)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -242,37 +241,68 @@ def _tree_jiffies(root: int) -> int | None:
     return total
 
 
-@dataclass
 class HostLoadMeter:
     """Measures, over a real-engine run, how much of the machine's CPU went to other processes, to the
     hypervisor (steal) and to this process tree, and the load average at both ends. Only reads /proc
-    (nothing is recorded where it is absent: {"available": false})."""
+    (nothing is recorded where it is absent: {"available": false}).
 
-    wall0: float
-    cpu0: tuple[int, int, int] | None
-    own0: int | None
-    load0: float
+    A meter adds up the intervals it was running: `start()` opens one, `pause()` closes it, `resume()` opens
+    the next, `stop()` closes the last and reports their sum. vLLM replays measure only their runs this way
+    [why: vLLM computes in an engine-core child and its worker grandchild; an engine core killed at
+    shutdown orphans the worker, whose CPU time then leaves this process tree and read as another
+    process's — a quiet host once measured "others 29%" over a whole evaluate]. The torch engine runs in
+    this process, so one interval over the whole evaluate is the same thing."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.busy = self.steal = self.total = self.own = 0
+        self.available = True
+        self.loads: list[float] = []
+        self._open: tuple[float, tuple[int, int, int] | None, int | None] | None = None
 
     @classmethod
     def start(cls) -> "HostLoadMeter":
-        return cls(time.perf_counter(), _cpu_jiffies(), _tree_jiffies(os.getpid()), os.getloadavg()[0])
+        meter = cls()
+        meter.resume()
+        return meter
+
+    def resume(self) -> None:
+        """Open an interval (nothing when one is open)."""
+        if self._open is None:
+            self.loads.append(os.getloadavg()[0])
+            self._open = (time.perf_counter(), _cpu_jiffies(), _tree_jiffies(os.getpid()))
+
+    def pause(self) -> None:
+        """Close the open interval and add it up (nothing when none is open)."""
+        if self._open is None:
+            return
+        (wall0, cpu0, own0), self._open = self._open, None
+        cpu1, own1 = _cpu_jiffies(), _tree_jiffies(os.getpid())
+        self.loads.append(os.getloadavg()[0])
+        self.wall += time.perf_counter() - wall0
+        if cpu0 is None or cpu1 is None or own0 is None or own1 is None:
+            self.available = False
+            return
+        self.busy += cpu1[0] - cpu0[0]
+        self.steal += cpu1[1] - cpu0[1]
+        self.total += cpu1[2] - cpu0[2]
+        self.own += max(0, own1 - own0)
 
     def stop(self) -> dict[str, Any]:
-        cpu1, own1, load1 = _cpu_jiffies(), _tree_jiffies(os.getpid()), os.getloadavg()[0]
+        self.pause()
         cpus = os.cpu_count() or 1
-        record: dict[str, Any] = {"cpus": cpus, "wall_s": time.perf_counter() - self.wall0,
-                                  "load_average": [round(self.load0, 2), round(load1, 2)]}
-        if self.cpu0 is None or cpu1 is None or self.own0 is None or own1 is None or cpu1[2] <= self.cpu0[2]:
+        loads = self.loads or [os.getloadavg()[0]]
+        record: dict[str, Any] = {"cpus": cpus, "wall_s": self.wall, "load_average": [round(loads[0], 2),
+                                                                                      round(loads[-1], 2)]}
+        if not self.available or self.total <= 0:
             return {**record, "available": False, "disturbed": False, "note": None}
-        total = cpu1[2] - self.cpu0[2]
-        own = max(0, own1 - self.own0)
-        others = max(0, (cpu1[0] - self.cpu0[0]) - own) / total
-        steal = (cpu1[1] - self.cpu0[1]) / total
+        others = max(0, self.busy - self.own) / self.total
+        steal = self.steal / self.total
         off = others > OTHERS_CPU_LIMIT or steal > STEAL_LIMIT
         note = (f"measurements disturbed: other processes used {others:.0%} of the CPU time ({cpus} cores) while "
                 f"the engine ran" + (f", the hypervisor stole {steal:.0%}" if steal > STEAL_LIMIT else "")
-                + f"; load {max(self.load0, load1):.1f} on {cpus} cores — re-run on a quiet host") if off else None
+                + f"; load {max(loads):.1f} on {cpus} cores — re-run on a quiet host") if off else None
         return {**record, "available": True, "others_cpu_share": round(others, 4), "steal_share": round(steal, 4),
-                "own_cpu_share": round(own / total, 4), "limits": {"others_cpu_share": OTHERS_CPU_LIMIT,
-                                                                  "steal_share": STEAL_LIMIT},
+                "own_cpu_share": round(self.own / self.total, 4), "limits": {"others_cpu_share": OTHERS_CPU_LIMIT,
+                                                                             "steal_share": STEAL_LIMIT},
                 "disturbed": off, "note": note}

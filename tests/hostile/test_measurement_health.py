@@ -80,6 +80,38 @@ def test_cpu_our_own_children_take_is_ours_not_a_neighbours():
     assert record["own_cpu_share"] > record["others_cpu_share"], record
 
 
+def test_a_meter_counts_only_the_intervals_it_ran():
+    """vLLM replays measure each run while its engine is alive (pause between runs): busy neighbours while
+    the meter is paused are not counted, busy neighbours while it runs are."""
+    meter = HostLoadMeter()
+    assert meter.stop()["available"] is False  # never ran: nothing measured, nothing flagged
+    meter = HostLoadMeter()
+    meter.resume()
+    time.sleep(0.5)
+    meter.pause()
+    pids = neighbours(os.cpu_count() or 1, SPIN_S + 1)
+    try:
+        time.sleep(SPIN_S)  # paused: this CPU is not the run's business
+    finally:
+        stop(pids)
+    meter.resume()
+    time.sleep(0.5)
+    record = meter.stop()
+    assert record["available"] and not record["disturbed"], record
+    assert record["wall_s"] < SPIN_S, record  # the paused time is not in the run's wall either
+
+    meter = HostLoadMeter()
+    pids = neighbours(os.cpu_count() or 1, SPIN_S + 2)
+    try:
+        meter.resume()
+        time.sleep(SPIN_S)
+        meter.pause()
+    finally:
+        stop(pids)
+    record = meter.stop()
+    assert record["disturbed"] and record["others_cpu_share"] > OTHERS_CPU_LIMIT, record
+
+
 @pytest.mark.slow
 def test_a_torch_replay_beside_busy_processes_is_flagged_everywhere(tmp_path, capsys):
     (tmp_path / "w.toml").write_text('[workload]\nname = "busy"\nformat = "synthetic"\ngenerator = "poisson"\n'

@@ -49,7 +49,7 @@ class VllmReplayer:
     def __init__(self, target: Path, draft: Path | None, *, max_batch: int, temperature: float = 0.0,
                  seed: int = 0, k_schedules: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
                  k_max: int | None = None, fit: Path | None = None, max_concurrency: int | None = None,
-                 speed_reference: VllmSpeedReference | None = None):
+                 speed_reference: VllmSpeedReference | None = None, load_meter: Any = None):
         self.target, self.draft = Path(target), None if draft is None else Path(draft)
         self.max_batch, self.temperature, self.seed = max_batch, temperature, seed
         self.k_schedules = dict(k_schedules or {})
@@ -59,6 +59,9 @@ class VllmReplayer:
         self.max_concurrency = max_concurrency  # requests in flight at most; None = open loop
         # the host-speed probe before and after each run (speed_check.py); None = no check
         self.speed_reference = speed_reference
+        # a telemetry.HostLoadMeter that measures the host's CPU over each run, while the engine's processes
+        # are alive (its docstring says why not over the engine's whole life); None = no measurement
+        self.load_meter = load_meter
         self._probes = itertools.count()  # probe request ids, unique on an engine
 
     def config_for(self, spec: StrategySpec) -> dict[str, Any]:
@@ -123,6 +126,8 @@ class VllmReplayer:
 
                     def run(batch: Sequence[Any], repeat: int,
                             on_finish: Callable[[int], None] | None = None) -> ServeRecords:
+                        if self.load_meter is not None:
+                            self.load_meter.resume()
                         before = host_speed()
                         t0 = time.perf_counter()
                         client = loop.run_until_complete(self._submit_all(held[0], batch, t0, repeat, on_finish))
@@ -130,6 +135,8 @@ class VllmReplayer:
                         steps = read_step_log(log_path, t0)
                         records = records_from_steps(spec.name, batch, steps, t0, client, wall)
                         after = host_speed()  # its steps come after the run's, which were read above
+                        if self.load_meter is not None:
+                            self.load_meter.pause()
                         records.host_speed = [r for r in (before, after) if r is not None]
                         return records
 

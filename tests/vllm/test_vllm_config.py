@@ -20,7 +20,7 @@ from autospec.serving.vllm import engine as vllm_engine
 from autospec.serving.vllm.engine import draft_log_path
 from autospec.serving.vllm.speculative_config import DEFAULT_K_MAX, speculative_config_for
 from autospec.serving.vllm.step_log import ClientRecord as _ClientRecord
-from autospec.serving.vllm.step_log import read_step_log, records_from_steps
+from autospec.serving.vllm.step_log import read_step_log, records_from_steps, step_period
 from autospec.strategy import load_preset
 
 from autospec_testing import REPO
@@ -255,6 +255,12 @@ def test_each_step_gets_the_draft_time_vllms_worker_logged_within_it(tmp_path):
     read = read_step_log(log, since=10.0)
     assert [r["d"] for r in read] == pytest.approx([0.03, 0.02, 0.015])  # the 9.2 call is before `since`
     assert read[2]["p"] == pytest.approx([0.005, 0.0025, 0.0025, 0.00125])  # each forward pass, in order
+    # a step's period runs to the next step's start when the engine went straight on with its requests
+    assert [step_period(r) for r in read] == pytest.approx([0.1, 0.05, None])  # the last has no next step
+    assert step_period({**steps[0], "next_t0": None}) is None
+    idle = tmp_path / "idle.jsonl"  # request 2 starts after request 1 ended: an idle wait, not a period
+    idle.write_text("".join(json.dumps(s) + "\n" for s in [steps[0], {**steps[1], "t0": 11.0, "ids": ["2"]}]))
+    assert [step_period(r) for r in read_step_log(idle, since=10.0)] == [None, None]
     rec = records_from_steps("static-k2", [ServeRequest(1, 0.0, [5] * 8, 5)], read, 10.0,
                              {1: _ClientRecord(0.0, 5)}, wall_s=0.2)
     stepf = rec.steps_frame()

@@ -32,9 +32,12 @@ def reference(tmp_path) -> VllmSpeedReference:
     return found
 
 
-def step(batch: int, k: int, seconds: float, draft_s: float | None, first: bool = False) -> dict:
-    return {"t0": 10.0, "t1": 10.0 + seconds, "ids": [str(i) for i in range(batch)], "k": [k] * batch,
-            "first": [first] * batch, "d": draft_s}
+def step(batch: int, k: int, seconds: float, draft_s: float | None, first: bool = False,
+         straight_on: bool = True) -> dict:
+    """A logged step whose period (to the next step's start) is `seconds`; its t0..t1 is 10% shorter (the
+    engine core's work between steps), so a check that read t0..t1 would be off by 10%."""
+    return {"t0": 10.0, "t1": 10.0 + 0.9 * seconds, "next_t0": 10.0 + seconds if straight_on else None,
+            "ids": [str(i) for i in range(batch)], "k": [k] * batch, "first": [first] * batch, "d": draft_s}
 
 
 def row(reference: VllmSpeedReference, phase: str, tokens: int) -> float:
@@ -56,7 +59,8 @@ def test_a_drafting_probe_is_compared_with_the_target_row_at_k_plus_one(referenc
     expected = row(reference, "decode", 3)
     warm = [step(4, 2, 9.0, 0.5)] * WARMUP_STEPS  # not timed, however slow
     timed = [step(4, 2, 1.5 * expected + 0.004, 0.004)] * 5  # outside the draft: 1.5x the profile's
-    noise = [step(2, 2, 50.0, 0.1), step(4, 2, 50.0, 0.1, first=True)]  # partial batch, a prefill step
+    # partial batch, a prefill step, the probe's last step (no next step: no period)
+    noise = [step(2, 2, 50.0, 0.1), step(4, 2, 50.0, 0.1, first=True), step(4, 2, 50.0, 0.1, straight_on=False)]
     assert reference.ratio(warm + noise + timed) == pytest.approx(1.5)
 
 

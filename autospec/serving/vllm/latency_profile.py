@@ -29,7 +29,7 @@ from autospec.serving.vllm.engine import (
     make_llm,
     served_max_model_len,
 )
-from autospec.serving.vllm.step_log import read_step_log
+from autospec.serving.vllm.step_log import read_step_log, step_period
 
 __all__ = ["draft_ks", "profile_latency", "profile_units"]
 
@@ -94,9 +94,11 @@ def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:
 
 
 def _split(step: dict) -> tuple[float, float]:
-    """(seconds outside the draft proposals, seconds in them) of one logged step."""
+    """(seconds outside the draft proposals, seconds in them) of one logged step: its period (to the next
+    step's start, `step_log.step_period`) where the engine went straight on, else its t0..t1."""
     draft_s = float(step.get("d") or 0.0)
-    return step["t1"] - step["t0"] - draft_s, draft_s
+    period = step_period(step)
+    return (step["t1"] - step["t0"] if period is None else period) - draft_s, draft_s
 
 
 class _VllmLatencyProfiler:
@@ -212,7 +214,9 @@ class _VllmLatencyProfiler:
         prompts = self.rng.integers(1, self.vocab, (batch, context)).tolist()
         t0 = time.perf_counter()
         generate_tokens(llm, prompts, steps_wanted + 2)
-        steps = [step for step in read_step_log(self.log, t0) if not any(step["first"]) and len(step["ids"]) == batch]
+        # full-batch decode steps the engine went straight on from (their period is the step's cost)
+        steps = [step for step in read_step_log(self.log, t0)
+                 if not any(step["first"]) and len(step["ids"]) == batch and step_period(step) is not None]
         times = [_split(step) for step in steps][s.warmup:s.warmup + s.repeats]
         if not times:
             raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")

@@ -4,12 +4,13 @@
 Before and after each run, the replay's own engine serves a probe: `batch` requests of `context` random
 prompt tokens at once, `PROBE_TOKENS` tokens each (`VllmReplayer.session`). From the recording
 scheduler's step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
-step outside the draft proposals — the target's pass and vLLM's per-step work, what the vLLM profile's
-target rows measure (`latency_profile.profile_latency`): `decode` at tokens = k + 1 on an engine that
-drafts, `decode_plain` on one that does not. Their median over the profile's row at the nearest shape
-(batch, tokens, context) is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The
-replay records [before, after] as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they
-read the torch engine's (a ratio outside 1 ± tolerance marks the run disturbed).
+step (its period, `step_log.step_period`, as the profile times it) outside the draft proposals — the
+target's pass and vLLM's per-step work, what the vLLM profile's target rows measure
+(`latency_profile.profile_latency`): `decode` at tokens = k + 1 on an engine that drafts, `decode_plain`
+on one that does not. Their median over the profile's row at the nearest shape (batch, tokens, context)
+is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The replay records [before, after]
+as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they read the torch engine's (a
+ratio outside 1 ± tolerance marks the run disturbed).
 
 The shape is the one the torch check uses (`HOST_SPEED_SHAPE`, passed in by the caller: a batch of 8 at
 context 128), at the profiled batch and row context nearest it (a row's context is the mean KV of its
@@ -28,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from autospec.calibration import read_profile_meta
+from autospec.serving.vllm.step_log import step_period
 
 __all__ = ["PROBE_TOKENS", "VllmSpeedReference"]
 
@@ -67,14 +69,15 @@ class VllmSpeedReference:
         """The probe's median step time outside the draft over the profile's at its shape, from the
         step-log rows of the probe (`step_log.read_step_log`); None when the probe ran no timed
         full-batch decode step or the profile has no row of its kind."""
-        full = [s for s in steps if len(s["ids"]) == self.batch and not any(s["first"])][WARMUP_STEPS:]
+        full = [s for s in steps if len(s["ids"]) == self.batch and not any(s["first"])
+                and step_period(s) is not None][WARMUP_STEPS:]
         if not full:
             return None
         drafting = any(s.get("d") is not None for s in full)
         # the most common draft length of the timed steps (vLLM drafts K for every request of a full step)
         ks = [max(s["k"], default=0) for s in full]
         k = max(set(ks), key=ks.count)
-        measured = float(np.median([s["t1"] - s["t0"] - float(s.get("d") or 0.0)
+        measured = float(np.median([step_period(s) - float(s.get("d") or 0.0)
                                     for s, step_k in zip(full, ks) if step_k == k]))
         phase = "decode" if drafting else "decode_plain"
         rows = self.rows[self.rows["phase"] == phase]

@@ -188,6 +188,19 @@ def test_draft_line_splits_vllm_draft_steps_into_per_pass_and_per_round():
     assert draft_line([4], [8.0]) == (2.0, 0.0)  # one K: all of it per pass
 
 
+def test_vllm_profile_spreads_a_shapes_timed_steps_over_passes():
+    """vLLM-CPU's step time moves between generations, so a shape's timed steps come from up to PASSES
+    generations (one per pass over the grid), at least `repeats` of them in all."""
+    from autospec.serving.vllm.latency_profile import PASSES, passes
+
+    assert PASSES == 3
+    assert passes(1) == (1, 1) and passes(2) == (2, 1) and passes(3) == (3, 1)
+    assert passes(5) == (3, 2) and passes(9) == (3, 3)
+    for repeats in range(1, 20):
+        generations, timed = passes(repeats)
+        assert generations * timed >= repeats and (timed - 1) * generations < repeats
+
+
 def test_a_zero_draft_round_row_is_a_valid_profile_row_and_a_zero_time_elsewhere_is_not(tmp_path):
     """The vLLM profiler writes a round row of exactly 0 when its line over K goes through the origin
     (draft_line); the fit must take it (it once refused the profiler's own output: "median_s must be a

@@ -209,8 +209,9 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
     assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
     prefill = lat[lat["phase"] == "prefill"].set_index("model")["median_s"]
     assert 1e-5 < prefill["draft"] < prefill["target"]  # the draft's first forward pass, timed in vLLM
-    assert (lat["median_s"] > 0).all() and np.isfinite(lat["median_s"]).all()
-    assert (lat["repeats"] == 3).all()
+    measured = lat[lat["phase"] != "round"]  # a round row may be 0 (its line through the origin)
+    assert (measured["median_s"] > 0).all() and np.isfinite(lat["median_s"]).all()
+    assert (lat["repeats"] == 3).all()  # 3 timed steps per shape: one in each of 3 passes (passes(3))
     plain = lat[lat["phase"] == "decode_plain"]
     assert set(plain["model"]) == {"target"} and (plain["tokens"] == 1).all()
     assert sorted(zip(plain["batch"], plain["context"])) == sorted(set(zip(target["batch"], target["context"])))

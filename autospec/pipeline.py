@@ -36,7 +36,7 @@ from autospec.fit import fit_profile, load_fit, profiled_engine, write_fit
 from autospec.profile import ProfileSettings, profile_pair
 from autospec.report.build import write_report
 from autospec.strategy import load_preset
-from autospec.tune import TuneSpec, candidate_specs, run_tune
+from autospec.tune import TuneSpec, candidate_specs, check_storage, run_tune
 from autospec.workloads.spec import load_workload
 
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -94,6 +94,11 @@ def check_before_any_stage(spec: RunSpec, stages: list[str], out_dir: Path) -> N
         load_workload(spec.workload)
     if "tune" in stages:
         _with_prefix("tune.strategies", lambda: candidate_specs(spec.tune.strategies))
+        if spec.tune.storage is not None:  # a journal that cannot hold the study, an RDB that does not answer
+            try:
+                check_storage(spec.tune.storage, connect=True)
+            except InputError as exc:
+                raise InputError(exc.problem, path=exc.path, line=exc.line, field="tune.storage") from None
     if "evaluate" in stages:
         for field, names in (("evaluate.strategies", spec.evaluate.strategies),
                              ("evaluate.real_strategies", spec.evaluate.real_strategies if spec.evaluate.real_engine

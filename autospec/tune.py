@@ -345,17 +345,54 @@ class GoodputSoFar:
 # --- the study -------------------------------------------------------------------------------------------
 
 
-def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
-    """Same settings → same study (resume); any setting that changes a trial's result → a new study."""
-    key = {
+def _settings_key(spec: TuneSpec, specs: dict[str, StrategySpec], profile: Any) -> dict[str, Any]:
+    """Every setting that changes a trial's result; `profile` names the profile (a path or its hashes)."""
+    return {
         "workload": sha256_file(spec.workload) if spec.workload.is_file() else str(spec.workload),
-        "profile": str(spec.profile.resolve()), "objective": spec.objective, "slo": spec.slo.model_dump(),
+        "profile": profile, "objective": spec.objective, "slo": spec.slo.model_dump(),
         "min_attainment": spec.min_attainment, "strategies": {n: s.model_dump(mode="json") for n, s in specs.items()},
         "max_batch": spec.max_batch, "k_max": spec.k_max, "seed": spec.seed, "prune": spec.prune,
         "scope": spec.scope,
     }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def default_study_name(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
+    """Same settings → same study (resume); any setting that changes a trial's result → a new study."""
+    digest = _digest(_settings_key(spec, specs, str(spec.profile.resolve())))[:10]
     return f"autospec-{spec.workload.stem}-{spec.objective}-{digest}"
+
+
+SETTINGS_ATTR = "autospec_settings"  # the study user attribute: the digest of the settings its trials ran with
+
+
+def settings_digest(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
+    """What a study's trials were run with, by content (the profile's files, not their folder: workers on
+    several hosts share one study from their own copies of the profile)."""
+    files = [spec.profile / "fit" / "models.json", spec.profile / "profile" / "latency.parquet",
+             spec.profile / "profile" / "acceptance.parquet"]
+    return _digest(_settings_key(spec, specs, [sha256_file(f) if f.is_file() else None for f in files]))
+
+
+def check_study_is_ours(study, digest: str, storage: str) -> None:
+    """Refuse to add trials to a study run with other settings (another workload, profile, objective, SLO,
+    strategies …: its trials would be ranked beside ours as if comparable) or not made by autospec tune
+    (its trials carry no strategy); a study autospec made before the attribute existed, or a new one, is
+    marked with `digest`."""
+    stored = study.user_attrs.get(SETTINGS_ATTR)
+    if stored is None:
+        if any("spec" not in t.user_attrs for t in study.get_trials(deepcopy=False)):
+            raise InputError(f"study {study.study_name} in {storage} was not made by autospec tune (its trials "
+                             "carry no strategy): name another --study-name", field="study-name")
+        study.set_user_attr(SETTINGS_ATTR, digest)
+    elif stored != digest:
+        raise InputError(f"study {study.study_name} in {storage} was run with other settings (workload, profile, "
+                         "objective, SLO, strategies, max batch, K_max, seed or scope): its trials would not compare "
+                         "with this run's; name another --study-name, or run with the study's settings",
+                         field="study-name")
 
 
 def storage_name(spec: TuneSpec, out_dir: Path) -> str:
@@ -366,29 +403,140 @@ def storage_name(spec: TuneSpec, out_dir: Path) -> str:
 
 def open_storage(storage: str):
     """An Optuna storage: an RDB for a URL (`postgresql://…`, `sqlite:///…`), else Optuna's journal
-    storage in the file `storage` names (its folder must exist)."""
+    storage in the file `storage` names (its folder must exist). `check_storage` first: a bad storage is
+    one line before anything is written to it."""
+    check_storage(storage)
     if "://" not in storage:
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        path = Path(storage)
-        if not path.parent.is_dir():
-            raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist", field="storage")
-        try:  # the constructor reads the whole journal back
-            return JournalStorage(JournalFileBackend(str(path)))
+        if _drop_cut_off_record(Path(storage)):
+            print(f"warning: dropped the cut-off last record of the Optuna journal {storage} (a write "
+                  "interrupted by a kill; Optuna never applied it)", file=sys.stderr)
+        try:  # the constructor reads the whole journal back (check_storage has read every line)
+            return JournalStorage(JournalFileBackend(storage))
         except OSError as exc:
             raise InputError(f"cannot open the Optuna journal {storage}: {exc.strerror or exc}",
                              field="storage") from None
-        except (ValueError, KeyError, TypeError, RecursionError):  # not JSON lines of Optuna's journal
+        except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
             raise InputError(f"{storage} is not an Optuna journal file (a line is not one of its JSON records)",
                              field="storage") from None
-    return _open_rdb(storage)
+    return _open_rdb(_rdb_url(storage))
 
 
-def _open_rdb(url: str):
+# Optuna's journal operations (optuna.storages.journal._storage.JournalOperation, 0..10 in Optuna 4)
+JOURNAL_OP_CODES = range(11)
+
+
+def check_storage(storage: str, *, connect: bool = False) -> None:
+    """Refuse a storage that cannot hold a study, in one line, without writing to it: a journal that is
+    not a regular file (a FIFO blocked for ever, /dev/zero filled memory, /dev/null failed its fsync), or
+    whose lines are not all Optuna's records — a cut-off last line included, which Optuna skips while
+    reading but then appends a record to, leaving a journal no later run can read; an in-memory SQLite
+    URL (a study nobody can resume or share); with `connect`, an RDB that does not answer (what
+    `autospec run` checks before its first stage)."""
+    if "://" in storage:
+        url = _rdb_url(storage)
+        if url.split("?", 1)[0].rstrip("/") in ("sqlite:", "sqlite:///:memory:") or ":memory:" in url:
+            raise InputError("an in-memory SQLite storage keeps no study to resume and --jobs workers cannot "
+                             "share one; name a file (sqlite:///tune.db) or leave --storage out", field="storage")
+        if connect:
+            _open_rdb(url, create=False)
+        return
+    path = Path(storage)
+    if not path.parent.is_dir():
+        raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist", field="storage")
+    if not path.exists():
+        return  # a new journal
+    if not path.is_file():
+        raise InputError(f"the Optuna journal {storage} is not a regular file", field="storage")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read the Optuna journal {storage}: {exc.strerror or exc}", field="storage") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{storage} is not an Optuna journal file (not UTF-8 text)", field="storage") from None
+    complete, _, tail = text.rpartition("\n")  # tail: a last line without its newline
+    lines = complete.split("\n") if complete or text.startswith("\n") else []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if not (isinstance(record, dict) and type(record.get("op_code")) is int
+                and record["op_code"] in JOURNAL_OP_CODES):
+            raise InputError(f"{storage} is not an Optuna journal file (a line is not one of its JSON records)",
+                             field="storage", path=path, line=number)
+    # a record cut off by a kill (or one being written now) is dropped by open_storage; anything else is not
+    # a journal, and a file that is not one must never be truncated
+    if tail and not tail.startswith(JOURNAL_RECORD_START):
+        raise InputError(f"{storage} is not an Optuna journal file (a line is not one of its JSON records)",
+                         field="storage", path=path, line=len(lines) + 1)
+
+
+JOURNAL_RECORD_START = '{"op_code":'  # how Optuna's journal writes every record (json.dumps, compact)
+
+
+def _drop_cut_off_record(path: Path) -> bool:
+    """Truncate a journal's cut-off last record (a write a kill interrupted: Optuna's reader skips it, but
+    its next append would be glued onto it, and the journal could never be read again), under Optuna's own
+    journal lock, so a record another worker is writing now is finished first and kept. True if one was
+    dropped."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return False
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if data.endswith(b"\n") or not data[keep:].startswith(JOURNAL_RECORD_START.encode()):
+            return False
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+    finally:
+        lock.release()
+
+
+def _rdb_url(url: str) -> str:
+    """`url` with a bare `postgresql://` (or `postgres://`) bound to the driver installed: SQLAlchemy 2.1
+    binds it to psycopg 3, while autospec's `postgres` extra installs psycopg2 (the README's form failed
+    with "Failed to import DB access module" where only psycopg2 was there)."""
+    import importlib.util
+
+    for bare in ("postgresql://", "postgres://"):
+        if url.startswith(bare) and importlib.util.find_spec("psycopg") is None \
+                and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len(bare):]
+    return url
+
+
+def _open_rdb(url: str, create: bool = True):
+    """Optuna's RDB storage at `url` (its tables created when missing); `create=False` only connects and
+    disconnects, to check the URL without writing."""
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+    if not create:
+        try:
+            import sqlalchemy
+
+            engine = sqlalchemy.create_engine(url)
+            try:
+                engine.connect().close()
+            finally:
+                engine.dispose()
+        except Exception as exc:  # bad URL, missing driver, unreachable server: SQLAlchemy's many errors
+            raise _storage_error(exc) from None
+        return None
     for attempt in range(5):
         try:
             storage = RDBStorage(url, heartbeat_interval=10, grace_period=30,
@@ -399,15 +547,19 @@ def _open_rdb(url: str):
             # finds them created a moment later. PostgreSQL reports the race as a unique violation
             # (IntegrityError) or as "relation ... already exists" (ProgrammingError, seen in CI).
             if isinstance(exc, ProgrammingError) and "already exists" not in str(exc):
-                raise InputError(f"cannot open the Optuna storage: {' '.join(str(exc).split())[:300]}",
-                                 field="storage") from None
+                raise _storage_error(exc) from None
             time.sleep(0.5 * (attempt + 1))
         except Exception as exc:  # bad URL, missing driver, unreachable server: SQLAlchemy's many errors
-            text = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise InputError(f"cannot open the Optuna storage: {text}", field="storage") from None
+            raise _storage_error(exc) from None
     else:
         raise InputError("cannot open the Optuna storage: its tables could not be created", field="storage")
     return storage
+
+
+def _storage_error(exc: Exception) -> InputError:
+    """One line for an RDB storage SQLAlchemy could not open (its message, whitespace folded)."""
+    text = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return InputError(f"cannot open the Optuna storage: {text}", field="storage")
 
 
 def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], worker: int = 0):
@@ -432,8 +584,16 @@ def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], wo
         pruner = (optuna.pruners.MedianPruner(n_startup_trials=8, n_warmup_steps=4) if spec.prune
                   else optuna.pruners.NopPruner())
     name = spec.study_name or default_study_name(spec, specs)
-    return optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
-                               load_if_exists=True, **kwargs)
+    digest, where = settings_digest(spec, specs), storage_name(spec, out_dir)
+    if name in {s.study_name for s in storage.get_all_studies()}:
+        # load, not create_study(load_if_exists): on a journal that first appends a create record, and a
+        # study refused below must be left as it was
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    else:
+        study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+                                    load_if_exists=True, **kwargs)  # another worker may create it first
+    check_study_is_ours(study, digest, where)
+    return study
 
 
 def _constraints(trial) -> list[float]:

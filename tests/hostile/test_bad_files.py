@@ -365,6 +365,15 @@ def test_bad_prompt_files_are_refused(tmp_path, capsys, make, needle):
     ("[pair]\ndraft = \"\"\n", "pair.draft"),
     ('stages = ["profile", "fit", "evaluate"]\n[evaluate]\nstrategies = []\n', "evaluate.strategies"),
     ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\njobs = true\n', "tune.jobs"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\njobs = 2.0\n', "tune.jobs"),
+    ('stages = ["profile", "fit", "evaluate"]\n[evaluate]\njobs = "3"\n', "evaluate.jobs"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\nstorage = ""\n', "tune.storage"),
+    # the tune stage's storage is checked before profile/ and fit/ are written (they were left behind)
+    ('stages = ["profile", "fit", "tune"]\n[tune]\nstorage = "/no/such/folder/study.journal"\n', "tune.storage"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\nstorage = "sqlite:///:memory:"\n', "tune.storage"),
+    ('stages = ["profile", "fit", "tune"]\n[tune]\nstorage = "postgresql+psycopg2://u:secret@127.0.0.1:9/db"\n',
+     "tune.storage"),
 ])
 def test_bad_run_configs_are_refused_before_any_stage_writes(tmp_path, capsys, config, needle):
     (tmp_path / "run.toml").write_text(config)
@@ -403,3 +412,91 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(valid, tmp_path
     refuse(tmp_path, capsys, ["evaluate", "--workload", " ", "--out", "x"], "an empty path")
     # a Path flag's default goes through the same check (run's --out defaults to runs/default)
     refuse(tmp_path, capsys, ["run", tmp_path / "missing.toml"], "not found")
+
+
+# --- tune's Optuna storage --------------------------------------------------------------------------------
+
+def _tune(valid: dict[str, Path], out: Path, *extra) -> list:
+    return ["tune", "--workload", valid["workload"], "--profile", valid["run"], "--trials", "2", "--strategies",
+            "static-k2", "--k-max", str(K_MAX), "--out", out, *extra]
+
+
+@pytest.fixture(scope="module")
+def journal(valid, tmp_path_factory) -> Path:
+    """A real journal of a two-trial study (what the bad journals below are cut from)."""
+    out = tmp_path_factory.mktemp("journal") / "run"
+    assert main([str(a) for a in _tune(valid, out)]) == 0
+    return out / "tune" / "study.journal"
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p, real: p.write_text("hello world\n"), "not an Optuna journal"),
+    (lambda p, real: p.write_text("\n"), "not an Optuna journal"),
+    (lambda p, real: p.write_text("hello world"), "not an Optuna journal"),  # no newline: never truncated
+    (lambda p, real: p.write_text(real + "\n"), "not an Optuna journal"),
+    (lambda p, real: p.write_text(real + "garbage\n"), "not an Optuna journal"),
+    (lambda p, real: p.write_text('{"op_code": 99, "worker_id": "w"}\n'), "not an Optuna journal"),
+    (lambda p, real: p.write_text('{"op_code": "0", "worker_id": "w"}\n'), "not an Optuna journal"),
+    (lambda p, real: p.write_bytes(bytes(range(256)) * 4), "not UTF-8"),
+    (lambda p, real: os.mkfifo(p), "not a regular file"),
+])
+def test_a_journal_that_cannot_hold_the_study_is_refused_untouched(valid, journal, tmp_path, capsys, make, needle):
+    path = tmp_path / "bad.journal"
+    make(path, journal.read_text())
+    refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", path), needle)
+
+
+def test_device_files_are_not_journals(valid, tmp_path, capsys):
+    for device in ("/dev/zero", "/dev/null"):  # /dev/zero filled memory, /dev/null failed its fsync
+        refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", device), "not a regular file")
+
+
+def test_a_record_cut_off_by_a_kill_is_dropped_and_the_study_resumes(valid, journal, tmp_path, capsys):
+    """SIGKILL mid-write leaves half a record: Optuna skips it reading but would glue its next append onto
+    it (a journal no run could read again); tune drops it under Optuna's lock and resumes."""
+    lines = journal.read_text().splitlines(keepends=True)
+    path = tmp_path / "cut.journal"
+    path.write_text("".join(lines) + lines[-1][: len(lines[-1]) // 2])
+    argv = [str(a) for a in _tune(valid, tmp_path / "out", "--storage", path, "--trials", "3")]
+    assert main(argv) == 0
+    assert "dropped the cut-off last record" in capsys.readouterr().err
+    text = path.read_text()
+    assert text.startswith("".join(lines)) and text.endswith("\n")
+    assert main(argv) == 0  # and it reads back whole
+    assert "dropped" not in capsys.readouterr().err
+
+
+def test_a_study_run_with_other_settings_or_not_by_autospec_is_refused(valid, journal, tmp_path, capsys):
+    import optuna
+
+    from autospec.tune import open_storage
+
+    name = optuna.get_all_study_names(open_storage(str(journal)))[0]
+    for extra in (["--objective", "multi"], ["--strategies", "static-k4"], ["--max-batch", "4"]):
+        path = tmp_path / "copy.journal"
+        shutil.copy(journal, path)
+        line = refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", path, "--study-name", name,
+                                              *extra), "--study-name")
+        assert name in line
+    foreign = tmp_path / "foreign.journal"
+    study = optuna.create_study(study_name="foreign", storage=open_storage(str(foreign)))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", foreign, "--study-name", "foreign"),
+           "not made by autospec tune")
+
+
+def test_an_in_memory_sqlite_storage_is_refused(valid, tmp_path, capsys):
+    refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", "sqlite:///:memory:"), "in-memory")
+
+
+def test_a_bare_postgresql_url_uses_the_installed_driver():
+    """SQLAlchemy 2.1 binds postgresql:// to psycopg 3; the `postgres` extra installs psycopg2."""
+    import importlib.util
+
+    from autospec.tune import _rdb_url
+
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        assert _rdb_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+        assert _rdb_url("postgres://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert _rdb_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert _rdb_url("sqlite:///t.db") == "sqlite:///t.db"

@@ -64,6 +64,15 @@ def test_a_drafting_probe_is_compared_with_the_target_row_at_k_plus_one(referenc
     assert reference.ratio(warm + noise + timed) == pytest.approx(1.5)
 
 
+def test_every_probe_round_has_its_own_untimed_warm_up(reference):
+    """PROBE_ROUNDS rounds, one after the other: each starts with its prefill step, and each round's first
+    WARMUP_STEPS full steps are untimed (a second round's warm-up once counted as timed)."""
+    expected = row(reference, "decode_plain", 1)
+    one_round = ([step(4, 0, 9.0, None, first=True)] + [step(4, 0, 9.0, None)] * WARMUP_STEPS
+                 + [step(4, 0, 1.2 * expected, None)] * 3 + [step(4, 0, 9.0, None, straight_on=False)])
+    assert reference.ratio(one_round * 3) == pytest.approx(1.2)
+
+
 def test_a_plain_engine_is_compared_with_decode_plain(reference):
     expected = row(reference, "decode_plain", 1)
     steps = [step(4, 0, expected, None)] * (WARMUP_STEPS + 3)

@@ -34,7 +34,7 @@ from autospec.serving.vllm.engine import (
     set_env_defaults,
 )
 from autospec.serving.vllm.speculative_config import speculative_config_for, vllm_form
-from autospec.serving.vllm.speed_check import PROBE_TOKENS, VllmSpeedReference
+from autospec.serving.vllm.speed_check import PROBE_ROUNDS, PROBE_TOKENS, VllmSpeedReference
 from autospec.serving.vllm.step_log import ClientRecord, read_step_log, records_from_steps
 from autospec.strategy import StrategySpec
 
@@ -169,7 +169,8 @@ class VllmReplayer:
 
     async def _probe(self, engine, reference: VllmSpeedReference) -> None:
         """The host-speed probe: `reference.batch` requests of `reference.context` random prompt tokens,
-        PROBE_TOKENS tokens each, submitted together (greedy; the same prompts every probe)."""
+        PROBE_TOKENS tokens each, submitted together (greedy; the same prompts every probe), PROBE_ROUNDS
+        times."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -184,7 +185,8 @@ class VllmReplayer:
                                            request_id=f"speed-probe-{next(self._probes)}"):
                 pass
 
-        await asyncio.gather(*(one(p) for p in prompts))
+        for _ in range(PROBE_ROUNDS):  # one round after the other (speed_check.PROBE_ROUNDS says why)
+            await asyncio.gather(*(one(p) for p in prompts))
 
     async def _submit_all(self, engine, requests: Sequence[Any], t0: float, repeat: int,
                           on_finish: Callable[[int], None] | None) -> dict[int, ClientRecord]:

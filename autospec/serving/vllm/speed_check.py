@@ -2,7 +2,7 @@
 (`autospec.profile.HostSpeedCheck`) on vLLM's own engine steps.
 
 Before and after each run, the replay's own engine serves a probe: `batch` requests of `context` random
-prompt tokens at once, `PROBE_TOKENS` tokens each (`VllmReplayer.session`). From the recording
+prompt tokens at once, `PROBE_TOKENS` tokens each, `PROBE_ROUNDS` times (`VllmReplayer.session`). From the recording
 scheduler's step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
 step (its period, `step_log.step_period`, as the profile times it) outside the draft proposals — the
 target's pass and vLLM's per-step work, what the vLLM profile's target rows measure
@@ -31,9 +31,15 @@ import pandas as pd
 from autospec.calibration import read_profile_meta
 from autospec.serving.vllm.step_log import step_period
 
-__all__ = ["PROBE_TOKENS", "VllmSpeedReference"]
+__all__ = ["PROBE_ROUNDS", "PROBE_TOKENS", "VllmSpeedReference"]
 
 PROBE_TOKENS = 12  # [chosen] tokens per probe request: ~10 full-batch steps, ~0.3 s at batch 8 on 2 cores
+# [chosen] the probe's batch is served this many times, one after the other, and its ratio is the median over
+# all their timed steps: vLLM-CPU's step time moves between generations by itself (one shape measured
+# 12.1-17.5 ms in consecutive generations of one engine), so one generation's steps share its error and a
+# one-generation probe flagged quiet runs as disturbed (the profile's shapes are timed over passes too,
+# latency_profile.PASSES)
+PROBE_ROUNDS = 3
 WARMUP_STEPS = 2  # [chosen] the first full-batch steps after the prefill are not timed
 
 
@@ -69,8 +75,10 @@ class VllmSpeedReference:
         """The probe's median step time outside the draft over the profile's at its shape, from the
         step-log rows of the probe (`step_log.read_step_log`); None when the probe ran no timed
         full-batch decode step or the profile has no row of its kind."""
-        full = [s for s in steps if len(s["ids"]) == self.batch and not any(s["first"])
-                and step_period(s) is not None][WARMUP_STEPS:]
+        full = []
+        for generation in _generations(steps):  # each probe round's first WARMUP_STEPS full steps untimed
+            full += [s for s in generation if len(s["ids"]) == self.batch and not any(s["first"])
+                     and step_period(s) is not None][WARMUP_STEPS:]
         if not full:
             return None
         drafting = any(s.get("d") is not None for s in full)
@@ -87,3 +95,13 @@ class VllmSpeedReference:
         rows = rows[rows["tokens"] == min(rows["tokens"].unique(), key=lambda t: abs(t - tokens))]
         row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - self.context)))]
         return measured / float(row["median_s"])
+
+
+def _generations(steps: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The step log cut where a step produced some request's first token (a probe round's prefill)."""
+    out: list[list[dict[str, Any]]] = [[]]
+    for step in steps:
+        if any(step["first"]) and out[-1]:
+            out.append([])
+        out[-1].append(step)
+    return out

@@ -27,7 +27,6 @@ second measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -36,6 +35,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import OneLineParser, run, whole  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MEAN_PROMPT = 256
@@ -132,13 +134,13 @@ def identical(a, b) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, default=None, help="run directory with profile/ (and fit/)")
-    ap.add_argument("--requests", type=int, default=20_000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=3, help="timed replays; wall_s is their median")
-    ap.add_argument("--policy-repeats", type=int, default=1,
+    ap.add_argument("--requests", type=whole(1, 10_000_000), default=20_000)
+    ap.add_argument("--batch", type=whole(1, 4096), default=32)
+    ap.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
+    ap.add_argument("--repeats", type=whole(1, 100), default=3, help="timed replays; wall_s is their median")
+    ap.add_argument("--policy-repeats", type=whole(1, 100), default=1,
                     help="timed replays of each STEP_POLICIES strategy per path (their per-request paths are slow)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sim_speed.json")
     args = ap.parse_args()
@@ -208,4 +210,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,7 +22,6 @@ trace file (AUTOSPEC_DATA_DIR, default ../shared/data, lacks it) the benchmark s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import OneLineParser, between, run, whole  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATA = Path(os.environ.get("AUTOSPEC_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -40,17 +42,18 @@ GOAL = 1000.0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--format", default="azure")
     ap.add_argument("--run", type=Path, default=REPO / "reports" / "ci-profile")
     ap.add_argument("--strategies", default="static-k4,no-sd,adaspec,dsde,adaedl")
-    ap.add_argument("--load", type=float, default=0.8, help="mean rate as a fraction of the first strategy's capacity")
-    ap.add_argument("--max-prompt", type=int, default=1792)
-    ap.add_argument("--max-output", type=int, default=256)
-    ap.add_argument("--max-batch", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load", type=between(0.0, 1.0), default=0.8,
+                    help="mean rate as a fraction of the first strategy's capacity, in (0, 1]")
+    ap.add_argument("--max-prompt", type=whole(1, 1_000_000), default=1792)
+    ap.add_argument("--max-output", type=whole(1, 1_000_000), default=256)
+    ap.add_argument("--max-batch", type=whole(1, 4096), default=32)
+    ap.add_argument("--repeats", type=whole(1, 100), default=3)
+    ap.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "trace_replay_speed.json")
     args = ap.parse_args()
     if not args.trace.is_file():
@@ -72,6 +75,10 @@ def main() -> None:
         load_s = time.perf_counter() - t0
     replay = open_sim_replay(args.run, trace, seed=args.seed, max_batch=args.max_batch)
     names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    if not names:
+        ap.error("--strategies names no strategy")
+    for name in names:
+        load_preset(name)  # an unknown preset: one line before any replay
     first = load_preset(names[0])
     t0 = time.perf_counter()
     capacity = replay_capacity(replay, first, args.seed, CapacitySpec())
@@ -124,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -34,6 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import OneLineParser, between, run, whole  # noqa: E402
 
+from autospec.workloads.spec import TRACE_FORMATS  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATA = Path(os.environ.get("AUTOSPEC_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -44,7 +46,7 @@ GOAL = 1000.0
 def main() -> None:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--format", default="azure")
+    ap.add_argument("--format", default="azure", choices=TRACE_FORMATS)
     ap.add_argument("--run", type=Path, default=REPO / "reports" / "ci-profile")
     ap.add_argument("--strategies", default="static-k4,no-sd,adaspec,dsde,adaedl")
     ap.add_argument("--load", type=between(0.0, 1.0), default=0.8,

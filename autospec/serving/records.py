@@ -29,7 +29,9 @@ def flatten_steps(column: Sequence[StepRow]) -> np.ndarray:
     """A per-request step column (one entry per step, one value per request of its batch) as one int64
     array, in step order. The per-request path logs lists, the batch path (serving/batch.py) arrays,
     which are joined without a Python loop over their values."""
-    if len(column) and isinstance(column[0], np.ndarray):
+    # the first entry by iteration: `column` may be a pandas Series of a filtered frame, whose index does
+    # not start at 0 (column[0] raised KeyError on one repeat's steps)
+    if isinstance(next(iter(column), None), np.ndarray):
         return np.concatenate(list(column)).astype(np.int64, copy=False)
     return np.fromiter(chain.from_iterable(column), dtype=np.int64)
 

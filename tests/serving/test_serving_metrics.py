@@ -71,6 +71,19 @@ def test_acceptance_metrics_by_hand(records):
     assert per_position_acceptance(steps) == [pytest.approx(2 / 3), pytest.approx(0.5), 1.0, None]
 
 
+def test_metrics_of_a_filtered_frame_whose_index_does_not_start_at_zero(records):
+    """One repeat's rows of a multi-repeat frame (their index starts past 0), step values as arrays (how
+    parquet and the batch path give them): the same metrics as the frame read alone (a KeyError once)."""
+    requests, steps = records
+    arrays = steps.assign(l=[np.array(v) for v in steps["l"]], accepted=[np.array(v) for v in steps["accepted"]])
+    for frame in (steps, arrays):
+        both = pd.concat([frame, frame], ignore_index=True).assign(repeat=[0, 0, 1, 1])
+        one = both[both["repeat"] == 1]
+        assert one.index[0] == 2
+        alone = compute_metrics(requests, frame, Slo(ttft_s=1.0, tpot_s=0.5))
+        assert compute_metrics(requests, one, Slo(ttft_s=1.0, tpot_s=0.5))["acceptance_rate"] == alone["acceptance_rate"]
+
+
 def test_no_drafts_means_no_acceptance_rate(records):
     requests, _ = records
     steps = pd.DataFrame({"batch": [2], "l": [[0, 0]], "accepted": [[0, 0]], "committed": [2]})

@@ -377,22 +377,28 @@ def settings_digest(spec: TuneSpec, specs: dict[str, StrategySpec]) -> str:
     return _digest(_settings_key(spec, specs, [sha256_file(f) if f.is_file() else None for f in files]))
 
 
-def check_study_is_ours(study, digest: str, storage: str) -> None:
+def check_study_is_ours(study, digest: str, storage: str, *, default_name: str, directions: int) -> None:
     """Refuse to add trials to a study run with other settings (another workload, profile, objective, SLO,
     strategies …: its trials would be ranked beside ours as if comparable) or not made by autospec tune
-    (its trials carry no strategy); a study autospec made before the attribute existed, or a new one, is
-    marked with `digest`."""
+    (a finished trial without its strategy). Reads only. A study from before the settings attribute
+    existed is judged by its name: a default name (`default_study_name`) must be this run's."""
+    other = InputError(f"study {study.study_name} in {storage} was run with other settings (workload, profile, "
+                       "objective, SLO, strategies, max batch, K_max, seed or scope): its trials would not compare "
+                       "with this run's; name another --study-name, or run with the study's settings",
+                       field="study-name")
+    if len(study.directions) != directions:
+        raise other
     stored = study.user_attrs.get(SETTINGS_ATTR)
+    if stored is not None and stored != digest:
+        raise other
     if stored is None:
-        if any("spec" not in t.user_attrs for t in study.get_trials(deepcopy=False)):
+        # a trial killed before it recorded its strategy stays RUNNING (or is failed on resume): only
+        # finished trials tell who made the study
+        if any("spec" not in t.user_attrs for t in study.get_trials(deepcopy=False) if t.state.is_finished()):
             raise InputError(f"study {study.study_name} in {storage} was not made by autospec tune (its trials "
                              "carry no strategy): name another --study-name", field="study-name")
-        study.set_user_attr(SETTINGS_ATTR, digest)
-    elif stored != digest:
-        raise InputError(f"study {study.study_name} in {storage} was run with other settings (workload, profile, "
-                         "objective, SLO, strategies, max batch, K_max, seed or scope): its trials would not compare "
-                         "with this run's; name another --study-name, or run with the study's settings",
-                         field="study-name")
+        if re.fullmatch(r"autospec-.+-[0-9a-f]{10}", study.study_name) and study.study_name != default_name:
+            raise other
 
 
 def storage_name(spec: TuneSpec, out_dir: Path) -> str:
@@ -410,10 +416,8 @@ def open_storage(storage: str):
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
-        if _drop_cut_off_record(Path(storage)):
-            print(f"warning: dropped the cut-off last record of the Optuna journal {storage} (a write "
-                  "interrupted by a kill; Optuna never applied it)", file=sys.stderr)
-        try:  # the constructor reads the whole journal back (check_storage has read every line)
+        try:  # the constructor reads the whole journal back (check_storage has read every line; a cut-off
+            # last record, which Optuna's reader skips, is dropped by open_study before its first write)
             return JournalStorage(JournalFileBackend(storage))
         except OSError as exc:
             raise InputError(f"cannot open the Optuna journal {storage}: {exc.strerror or exc}",
@@ -583,16 +587,26 @@ def open_study(spec: TuneSpec, out_dir: Path, specs: dict[str, StrategySpec], wo
         kwargs = {"direction": "maximize"}
         pruner = (optuna.pruners.MedianPruner(n_startup_trials=8, n_warmup_steps=4) if spec.prune
                   else optuna.pruners.NopPruner())
-    name = spec.study_name or default_study_name(spec, specs)
+    default_name = default_study_name(spec, specs)
+    name = spec.study_name or default_name
     digest, where = settings_digest(spec, specs), storage_name(spec, out_dir)
-    if name in {s.study_name for s in storage.get_all_studies()}:
+    existing = name in {s.study_name for s in storage.get_all_studies()}
+    if existing:
         # load, not create_study(load_if_exists): on a journal that first appends a create record, and a
-        # study refused below must be left as it was
+        # study refused here must be left as it was
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-    else:
+        check_study_is_ours(study, digest, where, default_name=default_name,
+                            directions=2 if spec.objective == "multi" else 1)
+    # the first write comes next: a record a kill cut off must go first (Optuna would glue ours onto it)
+    journal = spec.storage or where
+    if "://" not in journal and _drop_cut_off_record(Path(journal)):
+        print(f"warning: dropped the cut-off last record of the Optuna journal {journal} (a write interrupted "
+              "by a kill; Optuna never applied it)", file=sys.stderr)
+    if not existing:
         study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner,
                                     load_if_exists=True, **kwargs)  # another worker may create it first
-    check_study_is_ours(study, digest, where)
+    if study.user_attrs.get(SETTINGS_ATTR) is None:
+        study.set_user_attr(SETTINGS_ATTR, digest)
     return study
 
 

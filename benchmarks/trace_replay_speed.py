@@ -58,7 +58,9 @@ def main() -> None:
     ap.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "trace_replay_speed.json")
     args = ap.parse_args()
-    if not args.trace.is_file():
+    if args.trace.exists() and not args.trace.is_file():
+        ap.error(f"--trace {args.trace} is not a file")
+    if not args.trace.is_file():  # the default trace lives in the data folder, which a clone may not have
         print(f"no trace at {args.trace}: nothing measured", file=sys.stderr)
         return
 

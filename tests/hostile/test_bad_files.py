@@ -485,6 +485,30 @@ def test_a_study_run_with_other_settings_or_not_by_autospec_is_refused(valid, jo
            "not made by autospec tune")
 
 
+def test_a_journal_cut_mid_study_resumes_its_killed_trials(valid, journal, tmp_path, capsys):
+    """Cut at half its length (a kill mid-study, its last record half-written): the trial that was running
+    never recorded its strategy, which must not make the study look foreign; the study resumes."""
+    text = journal.read_text()
+    path = tmp_path / "half.journal"
+    path.write_text(text[: len(text) // 2])
+    assert main([str(a) for a in _tune(valid, tmp_path / "out", "--storage", path, "--trials", "3")]) == 0
+
+
+def test_a_study_from_before_the_settings_attribute_is_judged_by_its_default_name(valid, journal, tmp_path,
+                                                                                   capsys):
+    legacy = tmp_path / "legacy.journal"  # the study's user attributes (op_code 2) removed: no settings digest
+    legacy.write_text("".join(line for line in journal.read_text().splitlines(keepends=True)
+                              if json.loads(line)["op_code"] != 2))
+    import optuna
+
+    from autospec.tune import open_storage
+
+    name = optuna.get_all_study_names(open_storage(str(legacy)))[0]
+    refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", legacy, "--study-name", name,
+                                   "--max-batch", "4"), "other settings")
+    assert main([str(a) for a in _tune(valid, tmp_path / "out", "--storage", legacy, "--trials", "3")]) == 0
+
+
 def test_an_in_memory_sqlite_storage_is_refused(valid, tmp_path, capsys):
     refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", "sqlite:///:memory:"), "in-memory")
 

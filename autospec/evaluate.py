@@ -79,7 +79,14 @@ from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine, load_fit, profiled_grid
 from autospec.policies.base import policy_class
-from autospec.profile import HOST_SPEED_SHAPE, HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
+from autospec.profile import (
+    HOST_SPEED_DISTURBED,
+    HOST_SPEED_SHAPE,
+    HOST_SPEED_TOLERANCE,
+    HostSpeedCheck,
+    disturbed,
+    far_off,
+)
 from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.coverage import outside_grid, outside_text
 from autospec.serving.loop import serve
@@ -518,19 +525,28 @@ def measurement_disturbed(summary: dict[str, Any]) -> bool:
 
 
 def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
-    """{tolerance, ratios by strategy, range, disturbed, note}: whether the host ran the real engine at the
-    speed it was profiled at (`autospec.profile.HostSpeedCheck`, on vLLM `serving.vllm.speed_check`); None
-    when no run was checked (the simulator, a real engine without a profile of its own kind)."""
+    """{tolerance, disturbed_beyond, ratios by strategy, range, off_profile, disturbed, note}: whether the
+    host ran the real engine at the speed it was profiled at (`autospec.profile.HostSpeedCheck`, on vLLM
+    `serving.vllm.speed_check`): `off_profile` outside 1 ± HOST_SPEED_TOLERANCE (too far to judge the
+    simulator by), `disturbed` beyond HOST_SPEED_DISTURBED either way (the figures measure another
+    machine). None when no run was checked (the simulator, a real engine without a profile of its kind)."""
     every = [r for runs in ratios.values() for r in runs]
     if not every:
         return None
     low, high = min(every), max(every)
-    off = disturbed(every)
-    note = (f"the host ran {low:.2f}-{high:.2f}x the profiled step time during these runs (outside 1 ± "
-            f"{HOST_SPEED_TOLERANCE:.2f}): the real figures describe a slower or faster machine than the one "
-            "profiled — re-run on a quiet host before comparing them with the simulator") if off else None
-    return {"tolerance": HOST_SPEED_TOLERANCE, "ratios": {n: r for n, r in ratios.items() if r},
-            "range": [low, high], "disturbed": off, "note": note}
+    off, garbage = disturbed(every), far_off(every)
+    note = None
+    if garbage:
+        note = (f"measurements disturbed: the host ran {low:.2f}-{high:.2f}x the profiled step time during these "
+                f"runs (beyond {HOST_SPEED_DISTURBED:g}x): the real figures describe another machine than the one "
+                "profiled — re-run on a quiet host")
+    elif off:
+        note = (f"the host ran {low:.2f}-{high:.2f}x the profiled step time during these runs (outside 1 ± "
+                f"{HOST_SPEED_TOLERANCE:.2f}; a shared host's speed moves by itself): differences from the "
+                "simulator within that drift judge the host, not the simulator")
+    return {"tolerance": HOST_SPEED_TOLERANCE, "disturbed_beyond": HOST_SPEED_DISTURBED,
+            "ratios": {n: r for n, r in ratios.items() if r}, "range": [low, high], "off_profile": off,
+            "disturbed": garbage, "note": note}
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

@@ -202,7 +202,7 @@ def disturbed_note(pairs: list[tuple[dict, dict, str]]) -> str | None:
     """A line for the simulator-vs-real table when a real side ran on a disturbed host: its error then
     measures the host, not the simulator."""
     off = [label for _sim, real, label in pairs
-           if real.get("disturbed") or (real.get("host_speed") or {}).get("disturbed")]
+           if real.get("disturbed") or any((real.get("host_speed") or {}).get(k) for k in ("disturbed", "off_profile"))]
     if not off:
         return None
     return ("Not a judgement of the simulator: the real engine's host ran off its profiled speed during "

@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -514,8 +515,6 @@ def _rdb_url(url: str) -> str:
     """`url` with a bare `postgresql://` (or `postgres://`) bound to the driver installed: SQLAlchemy 2.1
     binds it to psycopg 3, while autospec's `postgres` extra installs psycopg2 (the README's form failed
     with "Failed to import DB access module" where only psycopg2 was there)."""
-    import importlib.util
-
     for bare in ("postgresql://", "postgres://"):
         if url.startswith(bare) and importlib.util.find_spec("psycopg") is None \
                 and importlib.util.find_spec("psycopg2") is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -85,8 +85,9 @@ class VllmSpeedReference:
         # the most common draft length of the timed steps (vLLM drafts K for every request of a full step)
         ks = [max(s["k"], default=0) for s in full]
         k = max(set(ks), key=ks.count)
-        measured = float(np.median([step_period(s) - float(s.get("d") or 0.0)
-                                    for s, step_k in zip(full, ks) if step_k == k]))
+        periods = [cast(float, step_period(s)) - float(s.get("d") or 0.0)  # `full` steps all have one
+                   for s, step_k in zip(full, ks) if step_k == k]
+        measured = float(np.median(periods))
         phase = "decode" if drafting else "decode_plain"
         rows = self.rows[self.rows["phase"] == phase]
         if rows.empty:

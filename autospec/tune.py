@@ -449,10 +449,14 @@ def check_storage(storage: str, *, connect: bool = False) -> None:
             _open_rdb(url, create=False)
         return
     path = Path(storage)
-    if not path.parent.is_dir():
-        raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist", field="storage")
-    if not path.exists():
-        return  # a new journal
+    try:
+        if not path.parent.is_dir():
+            raise InputError(f"cannot open the Optuna journal {storage}: its folder does not exist",
+                             field="storage")
+        if not path.exists():
+            return  # a new journal
+    except OSError as exc:  # a name too long for the file system, a folder we may not search
+        raise InputError(f"cannot open the Optuna journal {storage}: {exc.strerror or exc}", field="storage") from None
     if not path.is_file():
         raise InputError(f"the Optuna journal {storage} is not a regular file", field="storage")
     try:

@@ -446,6 +446,11 @@ def test_a_journal_that_cannot_hold_the_study_is_refused_untouched(valid, journa
     refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", path), needle)
 
 
+def test_a_journal_name_the_file_system_cannot_hold_is_refused(valid, tmp_path, capsys):
+    refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", tmp_path / ("n" * 300 + ".journal")),
+           "File name too long")
+
+
 def test_device_files_are_not_journals(valid, tmp_path, capsys):
     for device in ("/dev/zero", "/dev/null"):  # /dev/zero filled memory, /dev/null failed its fsync
         refuse(tmp_path, capsys, _tune(valid, tmp_path / "out", "--storage", device), "not a regular file")

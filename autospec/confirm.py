@@ -30,7 +30,11 @@ engine per candidate serves all its runs) — where the simulator is known to er
 With one repeat the CIs are points and only exact ties are ties. A disturbed host makes every real
 figure worse: on the torch engine each run is bracketed by the host-speed check
 (`autospec.profile.HostSpeedCheck`), each row keeps its ratios (`real_host_speed`), and a confirmation
-whose host ran outside 1 ± HOST_SPEED_TOLERANCE of its profiled speed says so in its reason.
+whose host ran outside 1 ± HOST_SPEED_TOLERANCE of its profiled speed says so in its reason. The probes
+see the host only before and after a run, so each real run's speed inside it is kept too
+(`real_step_speed`: `metrics.step_speed` against the fit's latency model, per load and repeat); repeats
+of one candidate at one load that disagree by more than the same tolerance (`metrics.uneven_repeats`)
+are named in `uneven_repeats` and in the reason.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from autospec.profile import HOST_SPEED_TOLERANCE, disturbed
+from autospec.profile import HOST_SPEED_TOLERANCE, off_profile
 from autospec.serving.capacity import CapacitySpec, attainment, replay_capacity, scaled_requests
-from autospec.serving.metrics import bootstrap_ci, compute_metrics
+from autospec.serving.metrics import bootstrap_ci, compute_metrics, step_speed, uneven_repeats
 from autospec.serving.replay import Replay
 from autospec.strategy import StrategySpec
 
@@ -124,18 +128,22 @@ def confirm(candidates: list[Candidate], sim: Replay, real: WindowReplay, settin
         real_att = np.zeros((settings.repeats, len(scales)))
         sim_att, sim_tpot, real_tpot = [], [], []
         speeds: list[float] = []  # the host's speed around each real run (profile.HostSpeedCheck), when checked
+        step_speeds: list[list[float | None]] = []  # per load, each repeat's speed inside its run (metrics.step_speed)
         for j, scale in enumerate(scales):
             records = sim.run(cand.spec, seed, requests=scaled_requests(sim.requests, scale))
             sim_att.append(attainment(records, sim.slo))
             sim_tpot.append(compute_metrics(records.requests_frame(), records.steps_frame(), sim.slo)["tpot_mean"])
-            tpots = []
+            tpots, inside = [], []
             for r in range(settings.repeats):
                 if on_run is not None:
                     on_run(f"{cand.spec.name} at {scale:.3g}x, repeat {r + 1}/{settings.repeats}")
                 records = real.run(cand.spec, seed + r, requests=scaled_requests(real.requests, scale))
                 real_att[r, j] = attainment(records, real.slo)
                 speeds.extend(getattr(records, "host_speed", None) or [])
-                tpots.append(compute_metrics(records.requests_frame(), records.steps_frame(), real.slo)["tpot_mean"])
+                steps = records.steps_frame()
+                inside.append(None if sim.latency_model is None else step_speed(steps, sim.latency_model))
+                tpots.append(compute_metrics(records.requests_frame(), steps, real.slo)["tpot_mean"])
+            step_speeds.append(inside)
             real_tpot.append(float(np.mean([t for t in tpots if t is not None])) if any(
                 t is not None for t in tpots) else None)
         score = bootstrap_ci(list(real_att.mean(axis=1)), seed=seed)
@@ -144,18 +152,25 @@ def confirm(candidates: list[Candidate], sim: Replay, real: WindowReplay, settin
                      "real_attainment": score, "real_attainment_by_load": real_att.mean(axis=0).tolist(),
                      "sim_attainment": float(np.mean(sim_att)), "sim_attainment_by_load": sim_att,
                      "real_tpot_mean_by_load": real_tpot, "sim_tpot_mean_by_load": sim_tpot,
-                     "real_host_speed": speeds})
+                     "real_host_speed": speeds, "real_step_speed": step_speeds})
     chosen, best, versus_no_sd = recommend(rows)
     every = [x for row in rows for x in row["real_host_speed"]]
-    off = disturbed(every)
+    off = off_profile(every)
     host = (f"; the host ran {min(every):.2f}-{max(every):.2f}x its profiled step time during the confirmation "
             f"(outside 1 ± {HOST_SPEED_TOLERANCE:.2f}): re-run it on a quiet host") if off else ""
+    # identical repeats whose steps ran at other speeds: the host changed inside a run (the probes miss that)
+    uneven = [f"{row['strategy']} at {scale:.3g}x" for row in rows
+              for scale, inside in zip(scales, row["real_step_speed"]) if uneven_repeats(inside, HOST_SPEED_TOLERANCE)]
+    if uneven:
+        host += (f"; repeats of {', '.join(uneven)} ran their steps at speeds more than "
+                 f"{HOST_SPEED_TOLERANCE:.0%} apart (the host changed inside a run): re-run it on a quiet host")
     return {"status": "confirmed", "target": target, "capacity_scale": capacity.scale,
             "capacity_rps_sim": capacity.rps, "loads": settings.loads, "scales": scales,
             "repeats": settings.repeats, "window_requests": len(real.requests), "candidates": rows,
             "recommended": chosen["strategy"], "recommended_trial": chosen["trial"],
             "best_on_real_engine": best["strategy"],
             "host_speed": {"range": [min(every), max(every)], "disturbed": off} if every else None,
+            "uneven_repeats": uneven,
             "reason": (f"{chosen['strategy']}: real SLO attainment {_ci_text(chosen['real_attainment'])} over "
                        f"{', '.join(f'{s:.3g}' for s in scales)}x the window's rate"
                        + ("" if chosen is best else f"; tied with {best['strategy']} "

@@ -84,8 +84,8 @@ from autospec.profile import (
     HOST_SPEED_SHAPE,
     HOST_SPEED_TOLERANCE,
     HostSpeedCheck,
-    disturbed,
     far_off,
+    off_profile,
 )
 from autospec.serving.capacity import Capacity, CapacitySpec, replay_capacity
 from autospec.serving.coverage import outside_grid, outside_text
@@ -534,7 +534,7 @@ def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
     if not every:
         return None
     low, high = min(every), max(every)
-    off, garbage = disturbed(every), far_off(every)
+    off, garbage = off_profile(every), far_off(every)
     note = None
     if garbage:
         note = (f"measurements disturbed: the host ran {low:.2f}-{high:.2f}x the profiled step time during these "

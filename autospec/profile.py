@@ -332,7 +332,7 @@ def _same_shape_target(engine: Any, run_dir: Path) -> bool:
     return not config.is_file() or artifacts.sha256_file(config) == recorded
 
 
-def disturbed(ratios: Sequence[float], tolerance: float = HOST_SPEED_TOLERANCE) -> bool:
+def off_profile(ratios: Sequence[float], tolerance: float = HOST_SPEED_TOLERANCE) -> bool:
     """Whether any host-speed ratio (HostSpeedCheck) lies outside 1 ± tolerance (off its profiled speed:
     too far to judge the simulator by)."""
     return any(abs(r - 1.0) > tolerance for r in ratios)

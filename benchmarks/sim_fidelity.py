@@ -140,7 +140,7 @@ def main() -> None:
 
     from autospec.artifacts import hardware_info, read_json, write_json
     from autospec.evaluate import EvaluateSpec, run_evaluate
-    from autospec.profile import HOST_SPEED_TOLERANCE, disturbed
+    from autospec.profile import HOST_SPEED_TOLERANCE, off_profile
 
     load_at_start = os.getloadavg()
     tmp = None
@@ -174,7 +174,7 @@ def main() -> None:
         ratios = (real_result.summary.get("host_speed") or {}).get("ratios") or {}
         every = [r for runs in ratios.values() for r in runs]
         tries.append({"attempt": attempt, "ratios": ratios, "range": [min(every), max(every)] if every else None,
-                      "disturbed": disturbed(every)})
+                      "disturbed": off_profile(every)})
         print(f"try {attempt}: host-speed ratios {tries[-1]['range']} (disturbed: {tries[-1]['disturbed']})",
               flush=True)
         if not tries[-1]["disturbed"]:

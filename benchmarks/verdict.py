@@ -53,8 +53,16 @@ one process moved from 11.1 to 13.3 ms mid-run with nothing else running (host C
 neighbours; the VM reports no steal). So every torch run is bracketed by the host-speed check
 (`autospec.profile.HostSpeedCheck`: a few verify calls at one profiled shape over the profile's median);
 a run outside 1 ± 0.10 is retried up to QUIET_RETRIES times QUIET_WAIT_S apart, and a TPOT run still
-off after that counts as unmeasured (None; never used to judge the simulator). `host_speed` in the
-result counts tries, retries and what stayed disturbed. Run it alone (the result also records the load
+off after that counts as unmeasured (None; never used to judge the simulator). The probes see the
+host only before and after a run: a vLLM static-k1 replay at half load measured 20.3 ms mean TPOT
+beside 13.7 and 11.7 ms for the identical replay, with its probes inside 1 ± 0.10. So the repeats of each
+real TPOT cell must also agree inside their runs: each run's step speed (`metrics.step_speed`: its plain
+steps' seconds over the fitted latency model's) within 1 ± 0.10 of the repeats' median, else the odd
+repeats are re-run (same retries and wait) and, still uneven, count as unmeasured. Against the model
+the step speed mixes the model's error with the host's; between identical replays only the host's
+differs, so the rule cannot favour the simulator. `host_speed` in the result counts tries, retries and
+what stayed disturbed, and `repeat_log` every cell's step speeds and re-runs. The capacity searches
+have one replay per probe, so only the probes guard them. Run it alone (the result also records the load
 average at start and end). Cost on a quiet 2-core CPU, measured: the default's `autospec run` ~3 min and
 its torch replays ~23 min; the held-out trace's `autospec run` ~17 min and ~15 min of torch replays per
 capacity search (its arrivals are sparser, so a 60-request window lasts longer): ~2.5 h, which is why
@@ -79,9 +87,10 @@ import typer
 from autospec.artifacts import hardware_info, write_json
 from autospec.cli import fail_cleanly
 from autospec.config import SCHEMA_VERSION, load_run_spec
+from autospec.contract import LatencyModel
 from autospec.errors import InputError
 from autospec.evaluate import open_sim_replay, open_torch_replay, open_vllm_replay
-from autospec.profile import HOST_SPEED_TOLERANCE, disturbed
+from autospec.profile import HOST_SPEED_TOLERANCE, off_profile
 from autospec.serving.capacity import (
     CapacitySpec,
     attainment,
@@ -90,7 +99,7 @@ from autospec.serving.capacity import (
     replay_capacity,
     scaled_requests,
 )
-from autospec.serving.metrics import bootstrap_ci, compute_metrics
+from autospec.serving.metrics import bootstrap_ci, compute_metrics, step_speed, uneven_repeats
 from autospec.serving.replay import Replay
 from autospec.strategy import StrategySpec, load_preset
 from autospec.workloads.spec import load_workload
@@ -152,6 +161,8 @@ def spec_key(spec: StrategySpec) -> str:
 
 
 HOST_LOG: list[dict[str, Any]] = []  # every real run's host-speed ratios, retries included (quiet_run)
+# per real TPOT cell (strategy, load): its repeats' step speeds, each round of re-runs (tpot_runs)
+REPEAT_LOG: list[dict[str, Any]] = []
 
 
 def quiet_run(replay: Replay, spec: StrategySpec, seed: int, requests: list) -> Any:
@@ -164,8 +175,8 @@ def quiet_run(replay: Replay, spec: StrategySpec, seed: int, requests: list) -> 
         speed = getattr(records, "host_speed", None) or []
         if speed:
             HOST_LOG.append({"strategy": spec.name, "attempt": attempt, "ratios": speed,
-                             "disturbed": disturbed(speed)})
-        if not speed or not disturbed(speed) or attempt == retries:
+                             "disturbed": off_profile(speed)})
+        if not speed or not off_profile(speed) or attempt == retries:
             return records
         time.sleep(QUIET_WAIT_S)
     raise AssertionError("unreachable")
@@ -185,15 +196,39 @@ def real_capacity(real: Replay, spec: StrategySpec, start_scale: float, seed: in
             "probes": [(round(s * start, 4), a) for s, a in found.probes]}
 
 
-def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, seed: int) -> list[float | None]:
-    """Mean TPOT of `repeats` (quiet) replays of the window at `scale` (engine seed + repeat); a run whose
-    host stayed off its profiled speed after the retries counts as None (not a measurement of this host)."""
-    out = []
-    for r in range(repeats):
-        records = quiet_run(replay, spec, seed + r, scaled_requests(replay.requests, scale))
+def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, seed: int,
+              model: LatencyModel | None = None) -> list[float | None]:
+    """Mean TPOT of `repeats` (quiet) replays of the window at `scale` (engine seed + repeat). On the real
+    engine (`model` given: the fit's latency model) the repeats must also agree with each other inside
+    their runs: a repeat whose step speed (`metrics.step_speed`, its plain steps' seconds over the
+    model's) lies outside 1 ± HOST_SPEED_TOLERANCE of the repeats' median ran on a host whose speed
+    changed during it — which the probes before and after a run can miss — and is re-run (up to
+    QUIET["retries"] rounds); one still uneven after them counts as None, as does a run whose host
+    stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host."""
+    requests = scaled_requests(replay.requests, scale)
+    runs = [quiet_run(replay, spec, seed + r, requests) for r in range(repeats)]
+    speeds = [None if model is None else step_speed(rec.steps_frame(), model) for rec in runs]
+    uneven = uneven_repeats(speeds, HOST_SPEED_TOLERANCE)
+    log: dict[str, Any] = {"strategy": spec.name, "scale": scale, "speeds": [list(speeds)], "rerun": []}
+    for _ in range(QUIET["retries"] if model is not None else 0):
+        if not uneven:
+            break
+        log["rerun"].append(uneven)
+        time.sleep(QUIET_WAIT_S)
+        for r in uneven:
+            runs[r] = quiet_run(replay, spec, seed + r, requests)
+            speeds[r] = step_speed(runs[r].steps_frame(), model)  # type: ignore[arg-type]
+        log["speeds"].append(list(speeds))
+        uneven = uneven_repeats(speeds, HOST_SPEED_TOLERANCE)
+    if model is not None:
+        log["kept_uneven"] = uneven
+        REPEAT_LOG.append(log)
+    out: list[float | None] = []
+    for r, records in enumerate(runs):
         speed = getattr(records, "host_speed", None) or []
         tpot = compute_metrics(records.requests_frame(), records.steps_frame(), replay.slo)["tpot_mean"]
-        out.append(None if QUIET["drop"] and speed and disturbed(speed) else tpot)
+        dropped = QUIET["drop"] and ((speed and off_profile(speed)) or r in uneven)
+        out.append(None if dropped else tpot)
     return out
 
 
@@ -227,7 +262,13 @@ def host_speed_record() -> dict[str, Any]:
     return {"tolerance": HOST_SPEED_TOLERANCE, "retries": QUIET["retries"], "wait_s": QUIET_WAIT_S,
             "runs": len(HOST_LOG), "disturbed_tries": sum(run["disturbed"] for run in HOST_LOG),
             "kept_disturbed": sum(run["disturbed"] and run["attempt"] == QUIET["retries"] for run in HOST_LOG),
-            "range": [min(every), max(every)] if every else None}
+            "range": [min(every), max(every)] if every else None,
+            # inside the runs: repeats of one TPOT cell whose step speeds disagreed (tpot_runs)
+            "repeat_cells": len(REPEAT_LOG),
+            "repeat_cells_rerun": sum(bool(cell["rerun"]) for cell in REPEAT_LOG),
+            "repeats_rerun": sum(len(rerun) for cell in REPEAT_LOG for rerun in cell["rerun"]),
+            "repeats_kept_uneven": sum(len(cell["kept_uneven"]) for cell in REPEAT_LOG),
+            "repeat_log": REPEAT_LOG}
 
 
 def rel_err(sim: float | None, real: float | None) -> float | None:
@@ -285,7 +326,8 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
         for load, scale in loads.items():
             say(f"  {name} at {load} ({scale:.3g}x), {repeats} repeats per engine")
             sim_runs = once(f"sim_tpot_{load}", s, lambda s=s, scale=scale: tpot_runs(sim, s, scale, repeats, seed))
-            real_runs = once(f"real_tpot_{load}", s, lambda s=s, scale=scale: tpot_runs(real, s, scale, repeats, seed))
+            real_runs = once(f"real_tpot_{load}", s, lambda s=s, scale=scale: tpot_runs(
+                real, s, scale, repeats, seed, model=sim.latency_model))
             tpot[name][load] = {"sim": bootstrap_ci(sim_runs, seed=seed), "real": bootstrap_ci(real_runs, seed=seed),
                                 "sim_runs": sim_runs, "real_runs": real_runs}
 

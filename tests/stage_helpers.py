@@ -3,6 +3,8 @@ the stages (profile → fit → sim → tune / evaluate / report / gate)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,3 +127,34 @@ def synthetic_workload(name: str, *, rate: float, duration_s: float, max_request
         lines.append("prompts = []")
     lines.append(f"seed = {seed}")
     return "\n".join(lines) + "\n"
+
+
+def slowed_records(records, factor: float, since_step: int):
+    """`records` with every step from `since_step` on taking `factor` times as long (a host that slowed
+    down mid-run): each later step's start and end move by the time the earlier slowed steps added."""
+    steps = copy.deepcopy(records.steps)
+    shift = 0.0
+    for i in range(len(steps.start_s)):
+        duration = steps.end_s[i] - steps.start_s[i]
+        steps.start_s[i] += shift
+        if i >= since_step:
+            shift += duration * (factor - 1.0)
+        steps.end_s[i] = steps.start_s[i] + duration * (factor if i >= since_step else 1.0)
+    return dataclasses.replace(records, steps=steps)
+
+
+class SlowedOnce:
+    """The simulator replay of a window, except that the first run with engine seed `seed` comes back as
+    if the host had run twice as slow over its last third of steps (slowed_records)."""
+
+    def __init__(self, sim, seed: int):
+        self.sim, self.seed, self.requests, self.slo = sim, seed, sim.requests, sim.slo
+        self.calls: list[int] = []
+
+    def run(self, spec, seed, *, requests=None):
+        records = self.sim.run(spec, seed, requests=requests)
+        self.calls.append(seed)
+        if seed == self.seed and self.calls.count(seed) == 1:
+            records = slowed_records(records, 2.0, 2 * len(records.steps.start_s) // 3)
+        return records
+

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from autospec.strategy import preset_path
+from autospec.evaluate import open_sim_replay
+from autospec.strategy import load_preset, preset_path
+from autospec.workloads.spec import load_workload
 
 from benchmarks import verdict
+from stage_helpers import SlowedOnce
 
 REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "reports" / "ci-profile"
 
 
 def _ci(mean: float, half_width: float) -> dict:
@@ -45,6 +49,25 @@ def test_goals_are_judged_against_the_declared_thresholds():
     assert verdict.goals_of(figures) == {"capacity_vs_best_static": True, "sim_real_tpot_err_max": False,
                                          "rank_agreement": None}
 
+
+
+def test_a_repeat_slowed_inside_its_run_is_rerun_and_never_judges(monkeypatch):
+    """tpot_runs' in-run rule: of three identical replays, the one whose steps ran slow (its probes, if any,
+    would not have seen it) is re-run, and the TPOTs returned are the undisturbed ones."""
+    monkeypatch.setattr(verdict, "QUIET_WAIT_S", 0.0)
+    monkeypatch.setattr(verdict, "REPEAT_LOG", [])
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(30), k_max=8, max_batch=8)
+    spec = load_preset("static-k2")
+    clean = verdict.tpot_runs(sim, spec, 1.0, 3, seed=0)
+    slowed = SlowedOnce(sim, seed=1)
+    assert verdict.tpot_runs(slowed, spec, 1.0, 3, seed=0, model=sim.latency_model) == clean
+    assert slowed.calls == [0, 1, 2, 1]
+    (cell,) = verdict.REPEAT_LOG
+    assert cell["rerun"] == [[1]] and cell["kept_uneven"] == []
+    # with no retries left the slowed repeat counts as unmeasured, not as a slow host
+    monkeypatch.setitem(verdict.QUIET, "retries", 0)
+    assert verdict.tpot_runs(SlowedOnce(sim, seed=2), spec, 1.0, 3, seed=0, model=sim.latency_model) == [
+        clean[0], clean[1], None]
 
 @pytest.mark.slow
 def test_quick_run_writes_the_verdict_figures(tmp_path):

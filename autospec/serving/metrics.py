@@ -35,6 +35,15 @@ written before `sent_s` existed have only `arrival_s`, which was then the send t
 Across repeats every metric is a list of per-repeat values; `bootstrap_ci` gives their mean and a 95%
 percentile-bootstrap CI of that mean (scipy.stats.bootstrap). With one repeat the CI is the value
 itself: there is no spread to resample.
+
+* step_speed = Σ measured / Σ predicted seconds over a replay's plain steps (no request admitted or
+  preempted in them), the prediction a fitted latency model's draft + verify time of the step's shape
+  (`latency.sd_step_time`). It is the host's speed *inside* the run on the run's own steps, where the
+  host-speed probe (`autospec.profile.HostSpeedCheck`) sees only before and after. Against the model it
+  mixes the model's error with the host's; between identical replays (same window, strategy and load)
+  the model's share is the same, so repeats whose step_speed differ by more than a tolerance ran on a
+  host whose speed changed (`uneven_repeats`). A sum, not a median: a slow spell over a third of the
+  run moves the run's TPOT, and must move this.
 """
 
 from __future__ import annotations
@@ -46,10 +55,13 @@ import numpy as np
 import pandas as pd
 
 from autospec.config import SloSpec
+from autospec.contract import LatencyModel
+from autospec.latency import sd_step_time
 from autospec.serving.records import flatten_steps
 
 __all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "inter_token_latencies", "latencies",
-           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "summarize_repeats"]
+           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "step_speed",
+           "summarize_repeats", "uneven_repeats"]
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -179,3 +191,26 @@ def summarize_repeats(per_repeat: Sequence[Mapping[str, float | None]], **kwargs
     """{metric: {mean, ci_low, ci_high}} over the repeats' metric dicts."""
     names = list(dict.fromkeys(k for m in per_repeat for k in m))
     return {name: bootstrap_ci([m.get(name) for m in per_repeat], **kwargs) for name in names}
+
+
+def step_speed(steps: pd.DataFrame, model: LatencyModel) -> float | None:
+    """Measured over predicted seconds of a replay's plain steps (module docstring); None without one.
+    A step's batch context before it is its `kv_tokens` (after the step) less what it committed."""
+    plain = steps[(steps["admitted"].fillna(0) == 0) & (steps["preempted"].fillna(0) == 0) & (steps["batch"] > 0)]
+    if plain.empty:
+        return None
+    measured = float((plain["end_s"] - plain["start_s"]).sum())
+    predicted = sum(sd_step_time(model, [int(k) for k in ks], float(kv - committed))
+                    for ks, kv, committed in zip(plain["k"], plain["kv_tokens"], plain["committed"]))
+    return measured / predicted if predicted > 0 else None
+
+
+def uneven_repeats(speeds: Sequence[float | None], tolerance: float) -> list[int]:
+    """Indices of the repeats whose `step_speed` lies outside 1 ± tolerance of the repeats' median:
+    identical replays whose host ran at another speed than its siblings'. None (no plain step) is
+    never uneven; fewer than two speeds cannot disagree."""
+    known = [s for s in speeds if s is not None]
+    if len(known) < 2:
+        return []
+    middle = float(np.median(known))
+    return [i for i, s in enumerate(speeds) if s is not None and abs(s / middle - 1.0) > tolerance]

@@ -17,14 +17,15 @@ import pytest
 from autospec import profile as profile_stage
 from autospec.config import EngineSpec, PairSpec
 from autospec.evaluate import EvaluateSpec, host_speed_summary, open_sim_replay, run_evaluate
-from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, disturbed
+from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, off_profile
 from autospec.report.build import write_report
 from autospec.serving.factory import build_engine
+from autospec.serving.metrics import step_speed, uneven_repeats
 from autospec.strategy import load_preset
 from autospec.workloads.spec import load_workload
 
 from autospec_testing import REPO
-from stage_helpers import synthetic_workload, write_synthetic_run
+from stage_helpers import slowed_records, synthetic_workload, write_synthetic_run
 
 PROFILE = REPO / "reports" / "ci-profile"  # a real profile + fit of the bundled pair, committed
 WORKLOAD = synthetic_workload("host-speed", rate=20, duration_s=1, max_requests=4, prompt_tokens=24,
@@ -54,8 +55,8 @@ def test_no_check_without_a_torch_profile_of_the_same_shape(tmp_path, bundled_pa
 
 
 def test_the_flags_follow_the_ratios():
-    assert not disturbed([1.0, 1.0 + HOST_SPEED_TOLERANCE * 0.9, 1.0 - HOST_SPEED_TOLERANCE * 0.9])
-    assert disturbed([1.02, 1.0 + HOST_SPEED_TOLERANCE * 1.5]) and disturbed([1.0 - HOST_SPEED_TOLERANCE * 1.5])
+    assert not off_profile([1.0, 1.0 + HOST_SPEED_TOLERANCE * 0.9, 1.0 - HOST_SPEED_TOLERANCE * 0.9])
+    assert off_profile([1.02, 1.0 + HOST_SPEED_TOLERANCE * 1.5]) and off_profile([1.0 - HOST_SPEED_TOLERANCE * 1.5])
     assert host_speed_summary({"no-sd": []}) is None
     quiet = host_speed_summary({"no-sd": [1.01, 0.97], "static-k2": []})
     assert quiet["disturbed"] is False and quiet["note"] is None and quiet["range"] == [0.97, 1.01]
@@ -99,3 +100,34 @@ def test_a_disturbed_torch_evaluation_is_flagged_in_the_summary_and_the_report(t
     write_report(tmp_path / "run")
     markdown = (tmp_path / "run" / "summary.md").read_text()
     assert "**Warning —** measurements disturbed: the host ran 1.60-1.60x the profiled step time" in markdown
+
+
+def test_step_speed_sees_a_slow_spell_inside_a_run_and_the_odd_repeat_out():
+    """The in-run check (metrics.step_speed) on a real simulator replay's steps: a host twice as slow over
+    the last third of the run moves the run's step speed by that third's share of the plain steps' time,
+    and `uneven_repeats` singles out that repeat among identical ones."""
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(40), k_max=8, max_batch=8)
+    records = sim.run(load_preset("static-k2"), 0)
+    steps = records.steps_frame()
+    base = step_speed(steps, sim.latency_model)
+    assert base is not None and 0.5 < base < 2.0  # the simulator's steps against the fit it was built from
+    since = 2 * len(steps) // 3
+    slow = slowed_records(records, 2.0, since).steps_frame()
+    plain = (steps["admitted"] == 0) & (steps["preempted"] == 0)
+    durations = steps["end_s"] - steps["start_s"]
+    share = durations[plain & (steps["step"] >= since)].sum() / durations[plain].sum()
+    assert step_speed(slow, sim.latency_model) == pytest.approx(base * (1.0 + share))
+    assert uneven_repeats([base, base * 1.02, step_speed(slow, sim.latency_model)], HOST_SPEED_TOLERANCE) == [2]
+    # steps that admitted a request (prefill inside them on vLLM) do not count: the probe is the decode work
+    admitting = steps.index[steps["admitted"] > 0]
+    assert len(admitting) and len(admitting) < len(steps)
+    stretched = steps.copy()
+    stretched.loc[admitting, "end_s"] += 10.0
+    assert step_speed(stretched, sim.latency_model) == pytest.approx(base)
+
+
+def test_uneven_repeats_needs_two_speeds_and_ignores_unknown_ones():
+    assert uneven_repeats([1.0], 0.1) == [] and uneven_repeats([None, 1.5], 0.1) == []
+    assert uneven_repeats([1.0, None, 1.05, 1.02], 0.1) == []
+    assert uneven_repeats([1.0, 1.3], 0.1) == [0, 1]  # two that disagree: neither is the reference
+    assert uneven_repeats([0.7, 1.0, 1.02], 0.1) == [0]  # faster than its siblings is uneven too

@@ -19,7 +19,7 @@ from autospec.strategy import apply_overrides, load_preset
 from autospec.tune import TuneSpec, run_tune
 from autospec.workloads.spec import load_workload
 
-from stage_helpers import synthetic_workload, write_synthetic_run
+from stage_helpers import SlowedOnce, synthetic_workload, write_synthetic_run
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "reports" / "ci-profile"
@@ -70,6 +70,20 @@ def test_a_tie_on_the_real_engine_goes_to_the_simpler_configuration():
     assert first["tied_with_best"] and second["tied_with_best"]
     assert result["recommended"] == "static-k4" and result["recommended_trial"] == 9
     assert len(result["scales"]) == 3 and result["scales"][1] == pytest.approx(result["capacity_scale"])
+    assert len(first["real_step_speed"]) == 3 and all(len(inside) == 2 for inside in first["real_step_speed"])
+    assert result["uneven_repeats"] == [] and "speeds more than" not in result["reason"]
+
+
+def test_repeats_whose_host_slowed_inside_a_run_are_named():
+    """A confirmation whose second repeat at the first load ran slow over its last third (the probes before
+    and after a run cannot see that) names the candidate and load in its reason."""
+    trace = load_workload(REPO / "workloads" / "bursty.toml").cap(40)
+    sim = open_sim_replay(PROFILE, trace, k_max=8, max_batch=8)
+    static = apply_overrides(load_preset("static-k4"), {"length.k": 2})
+    result = confirm([Candidate(static, 0, "tune rank 1")], sim, SlowedOnce(sim, seed=1),
+                     ConfirmSettings(repeats=2), target=0.9, seed=0)
+    assert result["uneven_repeats"] == [f"static-k4 at {result['scales'][0]:.3g}x"]
+    assert "ran their steps at speeds more than 10% apart" in result["reason"]
 
 
 def _row(name: str, level: int, low: float, high: float, why: str = "tune rank") -> dict:

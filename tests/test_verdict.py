@@ -103,6 +103,8 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     # every torch run was bracketed by the host-speed check; --quick retries none
     host = data["host_speed"]
     assert host["runs"] > 0 and host["retries"] == 0 and host["range"][0] > 0
+    # each real TPOT cell's repeats had their step speeds compared (tpot_runs); with no retries none re-run
+    assert host["repeat_cells"] > 0 and host["repeats_rerun"] == 0 and len(host["repeat_log"]) == host["repeat_cells"]
 
 
 def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):

@@ -30,7 +30,11 @@ Per workload:
    τ-b (scipy) between the simulator's and the engine's tied ranks at the capacity point (at half in
    `rank_agreement_half`). Goal: τ-b ≥ 0.8.
 5. `sim_real_tpot_err_max`: max over {no-sd, best static K, tuned} × {capacity point, half} of
-   |sim − real| / real mean TPOT. Goal ≤ 0.10. `tpot_speedup`: the engine's mean TPOT of no-SD over
+   |sim − real| / real mean TPOT. Goal ≤ 0.10. Where each of those errors comes from is in
+   `sim_real_step_gap` (sim / real − 1 of the repeats' median `metrics.step_account`: plain-step seconds
+   and batch, tokens a request commits per step, admission steps' share and seconds, and the seconds
+   per token spent in plain and in admission steps), and every cell's accounts in `tpot_mean_s`
+   (`sim_steps`, `real_steps`). `tpot_speedup`: the engine's mean TPOT of no-SD over
    that of the best static K and of tuned, at the capacity point (at half in the details).
 
 A held-out real trace — the Azure 2023 code trace in ../shared/data (its 40th–45th minute; the bundled
@@ -82,6 +86,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import typer
 
 from autospec.artifacts import hardware_info, write_json
@@ -99,7 +104,7 @@ from autospec.serving.capacity import (
     replay_capacity,
     scaled_requests,
 )
-from autospec.serving.metrics import bootstrap_ci, compute_metrics, step_speed, uneven_repeats
+from autospec.serving.metrics import bootstrap_ci, compute_metrics, step_account, step_speed, uneven_repeats
 from autospec.serving.replay import Replay
 from autospec.strategy import StrategySpec, load_preset
 from autospec.workloads.spec import load_workload
@@ -197,14 +202,15 @@ def real_capacity(real: Replay, spec: StrategySpec, start_scale: float, seed: in
 
 
 def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, seed: int,
-              model: LatencyModel | None = None) -> list[float | None]:
+              model: LatencyModel | None = None, accounts: list | None = None) -> list[float | None]:
     """Mean TPOT of `repeats` (quiet) replays of the window at `scale` (engine seed + repeat). On the real
     engine (`model` given: the fit's latency model) the repeats must also agree with each other inside
     their runs: a repeat whose step speed (`metrics.step_speed`, its plain steps' seconds over the
     model's) lies outside 1 ± HOST_SPEED_TOLERANCE of the repeats' median ran on a host whose speed
     changed during it — which the probes before and after a run can miss — and is re-run (up to
     QUIET["retries"] rounds); one still uneven after them counts as None, as does a run whose host
-    stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host."""
+    stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host. `accounts`, when
+    given, gets each repeat's `metrics.step_account` (None where its TPOT is None)."""
     requests = scaled_requests(replay.requests, scale)
     runs = [quiet_run(replay, spec, seed + r, requests) for r in range(repeats)]
     speeds = [None if model is None else step_speed(rec.steps_frame(), model) for rec in runs]
@@ -229,7 +235,18 @@ def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, se
         tpot = compute_metrics(records.requests_frame(), records.steps_frame(), replay.slo)["tpot_mean"]
         dropped = QUIET["drop"] and ((speed and off_profile(speed)) or r in uneven)
         out.append(None if dropped else tpot)
+        if accounts is not None:
+            accounts.append(None if dropped else step_account(records.steps_frame()))
     return out
+
+
+def median_account(accounts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Each `metrics.step_account` figure's median over the measured repeats of a cell."""
+    kept = [a for a in accounts if a is not None]
+    if not kept:
+        return None
+    return {key: (None if not (values := [a[key] for a in kept if a[key] is not None]) else float(np.median(values)))
+            for key in kept[0]}
 
 
 def tied_ranks(cis: list[dict[str, Any]]) -> list[int]:
@@ -275,6 +292,17 @@ def rel_err(sim: float | None, real: float | None) -> float | None:
     return None if sim is None or real is None or real == 0 else abs(sim - real) / real
 
 
+STEP_GAP_KEYS = ("plain_step_s", "plain_batch", "plain_tokens_per_request", "admission_share",
+                 "admission_step_s", "s_per_token_plain", "s_per_token_admission")
+
+
+def step_gap(sim: dict[str, Any] | None, real: dict[str, Any] | None) -> dict[str, float | None] | None:
+    """sim / real − 1 of each step_account figure (negative: the simulator's is smaller)."""
+    if sim is None or real is None:
+        return None
+    return {key: None if sim[key] is None or not real[key] else sim[key] / real[key] - 1.0 for key in STEP_GAP_KEYS}
+
+
 def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
                    say=print) -> dict[str, Any]:
     """Steps 2-5 of the module docstring on a finished `autospec run` directory."""
@@ -318,6 +346,10 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
                               lambda n=name: real_capacity(real, strategies[n], sim_cap[n].scale, seed))
     best_static = max(STATIC, key=lambda n: real_cap[n]["rps"] or 0.0)
 
+    def counted(run) -> tuple[list[float | None], dict[str, Any] | None]:
+        accounts: list = []
+        return run(accounts), median_account(accounts)
+
     point = sim_cap["tuned"].scale  # the capacity point: tuned's, on the simulator
     loads = {"capacity_point": point, "half": point / 2}
     tpot: dict[str, dict[str, dict[str, Any]]] = {}
@@ -325,11 +357,14 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
         tpot[name] = {}
         for load, scale in loads.items():
             say(f"  {name} at {load} ({scale:.3g}x), {repeats} repeats per engine")
-            sim_runs = once(f"sim_tpot_{load}", s, lambda s=s, scale=scale: tpot_runs(sim, s, scale, repeats, seed))
-            real_runs = once(f"real_tpot_{load}", s, lambda s=s, scale=scale: tpot_runs(
-                real, s, scale, repeats, seed, model=sim.latency_model))
+            sim_runs, sim_steps = once(f"sim_tpot_{load}", s, lambda s=s, scale=scale: counted(
+                lambda out: tpot_runs(sim, s, scale, repeats, seed, accounts=out)))
+            real_runs, real_steps = once(f"real_tpot_{load}", s, lambda s=s, scale=scale: counted(
+                lambda out: tpot_runs(real, s, scale, repeats, seed, model=sim.latency_model, accounts=out)))
             tpot[name][load] = {"sim": bootstrap_ci(sim_runs, seed=seed), "real": bootstrap_ci(real_runs, seed=seed),
-                                "sim_runs": sim_runs, "real_runs": real_runs}
+                                "sim_runs": sim_runs, "real_runs": real_runs,
+                                # where each engine's per-token time went (metrics.step_account), repeats' median
+                                "sim_steps": sim_steps, "real_steps": real_steps}
 
     def ranks(load: str, engine: str) -> list[int]:
         return tied_ranks([tpot[name][load][engine] for name in strategies])
@@ -371,6 +406,9 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
         "tpot_speedup_half": {"best_static": speedup(best_static, "half"), "tuned": speedup("tuned", "half")},
         "sim_real_tpot_err_max": max((e for e in errors.values() if e is not None), default=None),
         "sim_real_tpot_err": errors,
+        # where those errors come from: each step_account figure's sim/real − 1 (module docstring, step 5)
+        "sim_real_step_gap": {f"{name}@{load}": step_gap(tpot[name][load]["sim_steps"], tpot[name][load]["real_steps"])
+                              for name in confirmed for load in loads},
         # the most any per-batch-size K could gain over the best static K, by the fit (its docstring)
         "schedule_headroom": schedule_headroom(run_dir, int(best_static.removeprefix("static-k")),
                                                [b for b in profiled if b <= run.max_batch], context, sim.k_max),

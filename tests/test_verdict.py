@@ -93,6 +93,16 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     assert set(default["sim_real_tpot_err"]) == {f"{n}@{load}" for n in ("no-sd", default["best_static"], "tuned")
                                                  for load in ("capacity_point", "half")}
     assert data["sim_real_tpot_err_max"] == max(default["sim_real_tpot_err"].values())
+    # each cell's step accounts on both engines, and the confirmed cells' gaps between them
+    assert set(default["sim_real_step_gap"]) == set(default["sim_real_tpot_err"])
+    cell = default["tpot_mean_s"]["no-sd"]["capacity_point"]
+    for side in ("sim_steps", "real_steps"):
+        assert cell[side]["plain_tokens_per_request"] == 1.0 and cell[side]["steps"] > 0
+    gap = default["sim_real_step_gap"]["no-sd@capacity_point"]
+    assert gap["plain_tokens_per_request"] == 0.0
+    sim_s, real_s = cell["sim_steps"]["plain_step_s"], cell["real_steps"]["plain_step_s"]
+    if real_s:
+        assert gap["plain_step_s"] == pytest.approx(sim_s / real_s - 1)
     point = default["tpot_mean_s"]["no-sd"]["capacity_point"]["real"]["mean"]
     assert data["tpot_speedup"]["best_static"] == pytest.approx(
         point / default["tpot_mean_s"][default["best_static"]]["capacity_point"]["real"]["mean"])

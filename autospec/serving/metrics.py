@@ -36,6 +36,9 @@ Across repeats every metric is a list of per-repeat values; `bootstrap_ci` gives
 percentile-bootstrap CI of that mean (scipy.stats.bootstrap). With one repeat the CI is the value
 itself: there is no spread to resample.
 
+* A step's seconds (`step_seconds`) are its period, to the start of the next step when that one
+  continues the batch: on vLLM a recorded step misses the engine core's work between steps, which the
+  profile (and so the simulator) counts.
 * step_speed = Σ measured / Σ predicted seconds over a replay's plain steps (no request admitted or
   preempted in them), the prediction a fitted latency model's draft + verify time of the step's shape
   (`latency.sd_step_time`). It is the host's speed *inside* the run on the run's own steps, where the
@@ -44,6 +47,13 @@ itself: there is no spread to resample.
   the model's share is the same, so repeats whose step_speed differ by more than a tolerance ran on a
   host whose speed changed (`uneven_repeats`). A sum, not a median: a slow spell over a third of the
   run moves the run's TPOT, and must move this.
+* step_account = where a replay's per-token time goes, by kind of step, so a simulator-vs-engine TPOT gap
+  can be traced to its cause: plain steps' mean seconds and mean batch, the tokens a request commits in
+  one (acceptance: 1 for no-SD), and the share of steps that admit (prefill) with their mean seconds;
+  `s_per_token_plain` / `s_per_token_admission` = Σ (step seconds × batch) / Σ tokens committed, over
+  that kind of step — the batch-weighted seconds each committed token waited for, which add up to about
+  the replay's mean TPOT. A gap in plain-step seconds is the latency model's or the host's, in tokens
+  per step the acceptance model's, in the admission part the prefill model's or the scheduler's.
 """
 
 from __future__ import annotations
@@ -60,8 +70,8 @@ from autospec.latency import sd_step_time
 from autospec.serving.records import flatten_steps
 
 __all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "inter_token_latencies", "latencies",
-           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "step_speed",
-           "summarize_repeats", "uneven_repeats"]
+           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "step_account",
+           "step_seconds", "step_speed", "summarize_repeats", "uneven_repeats"]
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -193,16 +203,55 @@ def summarize_repeats(per_repeat: Sequence[Mapping[str, float | None]], **kwargs
     return {name: bootstrap_ci([m.get(name) for m in per_repeat], **kwargs) for name in names}
 
 
+def step_seconds(steps: pd.DataFrame) -> pd.Series:
+    """Each step's seconds as the profile and the simulator count them: its period — to the next step's
+    start — when that step continues the batch (shares a request with it), else to its own end. On vLLM
+    a recorded step (t0..t1) misses the engine core's work between steps, which the profile times
+    (`vllm.step_log.step_period`); the serving loop's steps (torch, simulator) follow each other, so
+    there the period is the step."""
+    start, end = steps["start_s"].to_numpy(float), steps["end_s"].to_numpy(float)
+    ids = [set(np.atleast_1d(row).tolist()) for row in steps["req_ids"]]
+    continues = np.array([bool(a & b) for a, b in zip(ids, ids[1:])] + [False], dtype=bool)
+    following = np.append(start[1:], np.nan)
+    return pd.Series(np.where(continues, following - start, end - start), index=steps.index)
+
+
 def step_speed(steps: pd.DataFrame, model: LatencyModel) -> float | None:
-    """Measured over predicted seconds of a replay's plain steps (module docstring); None without one.
-    A step's batch context before it is its `kv_tokens` (after the step) less what it committed."""
+    """Measured (`step_seconds`) over predicted seconds of a replay's plain steps (module docstring);
+    None without one. A step's batch context before it is its `kv_tokens` (after the step) less what it
+    committed."""
+    seconds = step_seconds(steps)
     plain = steps[(steps["admitted"].fillna(0) == 0) & (steps["preempted"].fillna(0) == 0) & (steps["batch"] > 0)]
     if plain.empty:
         return None
-    measured = float((plain["end_s"] - plain["start_s"]).sum())
+    measured = float(seconds[plain.index].sum())
     predicted = sum(sd_step_time(model, [int(k) for k in ks], float(kv - committed))
                     for ks, kv, committed in zip(plain["k"], plain["kv_tokens"], plain["committed"]))
     return measured / predicted if predicted > 0 else None
+
+
+def step_account(steps: pd.DataFrame) -> dict[str, float | int | None]:
+    """The step_account of one replay's steps (module docstring; seconds are `step_seconds`); None where a
+    kind of step is absent."""
+    seconds = step_seconds(steps)
+    steps = steps[steps["batch"] > 0]
+    admits = steps["admitted"].fillna(0) > 0
+    plain = steps[~admits & (steps["preempted"].fillna(0) == 0)]
+    tokens = float(steps["committed"].sum())
+
+    def per_token(rows: pd.DataFrame) -> float | None:
+        return None if tokens <= 0 else float((seconds[rows.index] * rows["batch"]).sum()) / tokens
+
+    def mean(rows: pd.DataFrame) -> float | None:
+        return None if rows.empty else float(seconds[rows.index].mean())
+
+    return {"steps": int(len(steps)), "plain_step_s": mean(plain),
+            "plain_batch": None if plain.empty else float(plain["batch"].mean()),
+            "plain_tokens_per_request": (float(plain["committed"].sum() / plain["batch"].sum())
+                                         if not plain.empty else None),
+            "admission_share": float(admits.mean()) if len(steps) else None,
+            "admission_step_s": mean(steps[admits]),
+            "s_per_token_plain": per_token(plain), "s_per_token_admission": per_token(steps[admits])}
 
 
 def uneven_repeats(speeds: Sequence[float | None], tolerance: float) -> list[int]:

@@ -20,7 +20,7 @@ from autospec.evaluate import EvaluateSpec, host_speed_summary, open_sim_replay,
 from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, off_profile
 from autospec.report.build import write_report
 from autospec.serving.factory import build_engine
-from autospec.serving.metrics import step_speed, uneven_repeats
+from autospec.serving.metrics import step_account, step_seconds, step_speed, uneven_repeats
 from autospec.strategy import load_preset
 from autospec.workloads.spec import load_workload
 
@@ -131,3 +131,42 @@ def test_uneven_repeats_needs_two_speeds_and_ignores_unknown_ones():
     assert uneven_repeats([1.0, None, 1.05, 1.02], 0.1) == []
     assert uneven_repeats([1.0, 1.3], 0.1) == [0, 1]  # two that disagree: neither is the reference
     assert uneven_repeats([0.7, 1.0, 1.02], 0.1) == [0]  # faster than its siblings is uneven too
+
+
+def test_step_account_splits_a_replays_time_by_kind_of_step():
+    """metrics.step_account on real simulator replays: no-SD commits one token per request per step and
+    static-k2 more; a host twice as slow doubles every time figure and no count; longer admission steps
+    move the admission figures and leave the plain ones alone."""
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(40), k_max=8, max_batch=8)
+    assert step_account(sim.run(load_preset("no-sd"), 0).steps_frame())["plain_tokens_per_request"] == 1.0
+    records = sim.run(load_preset("static-k2"), 0)
+    steps = records.steps_frame()
+    base = step_account(steps)
+    assert 1.0 < base["plain_tokens_per_request"] <= 3.0 and 1.0 <= base["plain_batch"] <= 8
+    assert 0.0 < base["admission_share"] < 1.0 and base["steps"] == int((steps["batch"] > 0).sum())
+    slow = step_account(slowed_records(records, 2.0, 0).steps_frame())
+    for key in ("plain_step_s", "admission_step_s", "s_per_token_plain", "s_per_token_admission"):
+        assert slow[key] == pytest.approx(2.0 * base[key])
+    for key in ("steps", "plain_batch", "plain_tokens_per_request", "admission_share"):
+        assert slow[key] == base[key]
+    # every admission step a second longer: it ends a second later and every later step starts later
+    extra = (steps["admitted"] > 0).astype(float)
+    stretched = steps.assign(start_s=steps["start_s"] + extra.cumsum() - extra, end_s=steps["end_s"] + extra.cumsum())
+    longer = step_account(stretched)
+    assert longer["admission_step_s"] == pytest.approx(base["admission_step_s"] + 1.0)
+    assert longer["s_per_token_admission"] > base["s_per_token_admission"]
+    assert longer["s_per_token_plain"] == pytest.approx(base["s_per_token_plain"])
+    assert longer["plain_step_s"] == pytest.approx(base["plain_step_s"])
+
+
+def test_a_steps_seconds_run_to_the_next_step_that_continues_its_batch():
+    """vLLM records a step from schedule to update (t0..t1), leaving out the engine core's work before the
+    next step, which the profile times; step_seconds counts that work in. A step followed by one of other
+    requests (the engine went idle between them), and the last step, keep their own duration."""
+    steps = pd.DataFrame({"start_s": [0.0, 0.012, 0.030, 0.100], "end_s": [0.010, 0.025, 0.041, 0.110],
+                          "req_ids": [[1, 2], [2], [3], [3, 4]]})
+    assert step_seconds(steps).tolist() == pytest.approx([0.012, 0.013, 0.070, 0.010])
+    # the serving loop's steps (torch, simulator) follow each other: there the period is the step
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(20), k_max=8, max_batch=8)
+    frame = sim.run(load_preset("static-k2"), 0).steps_frame()
+    assert step_seconds(frame).to_numpy() == pytest.approx((frame["end_s"] - frame["start_s"]).to_numpy())

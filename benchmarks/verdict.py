@@ -232,11 +232,12 @@ def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, se
     out: list[float | None] = []
     for r, records in enumerate(runs):
         speed = getattr(records, "host_speed", None) or []
-        tpot = compute_metrics(records.requests_frame(), records.steps_frame(), replay.slo)["tpot_mean"]
+        steps = records.steps_frame()
+        tpot = compute_metrics(records.requests_frame(), steps, replay.slo)["tpot_mean"]
         dropped = QUIET["drop"] and ((speed and off_profile(speed)) or r in uneven)
         out.append(None if dropped else tpot)
         if accounts is not None:
-            accounts.append(None if dropped else step_account(records.steps_frame()))
+            accounts.append(None if dropped else step_account(steps))
     return out
 
 

@@ -69,9 +69,9 @@ from autospec.contract import LatencyModel
 from autospec.latency import sd_step_time
 from autospec.serving.records import flatten_steps
 
-__all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "inter_token_latencies", "latencies",
-           "meets_slo", "per_position_acceptance", "per_request_latencies", "sent_times", "step_account",
-           "step_seconds", "step_speed", "summarize_repeats", "uneven_repeats"]
+__all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "continues_batch",
+           "inter_token_latencies", "latencies", "meets_slo", "per_position_acceptance", "per_request_latencies",
+           "sent_times", "step_account", "step_seconds", "step_speed", "summarize_repeats", "uneven_repeats"]
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -203,6 +203,13 @@ def summarize_repeats(per_repeat: Sequence[Mapping[str, float | None]], **kwargs
     return {name: bootstrap_ci([m.get(name) for m in per_repeat], **kwargs) for name in names}
 
 
+def continues_batch(step_ids: Iterable[Any], next_ids: Iterable[Any]) -> bool:
+    """Whether the next step carries on one of this step's requests — the engine went straight on to it,
+    with no idle wait between, so this step's period runs to the next one's start. The one rule for
+    `step_seconds` and vLLM's step log (`vllm.step_log.read_step_log`'s next_t0)."""
+    return not set(step_ids).isdisjoint(next_ids)
+
+
 def step_seconds(steps: pd.DataFrame) -> pd.Series:
     """Each step's seconds as the profile and the simulator count them: its period — to the next step's
     start — when that step continues the batch (shares a request with it), else to its own end. On vLLM
@@ -210,8 +217,8 @@ def step_seconds(steps: pd.DataFrame) -> pd.Series:
     (`vllm.step_log.step_period`); the serving loop's steps (torch, simulator) follow each other, so
     there the period is the step."""
     start, end = steps["start_s"].to_numpy(float), steps["end_s"].to_numpy(float)
-    ids = [set(np.atleast_1d(row).tolist()) for row in steps["req_ids"]]
-    continues = np.array([bool(a & b) for a, b in zip(ids, ids[1:])] + [False], dtype=bool)
+    ids = [np.atleast_1d(row).tolist() for row in steps["req_ids"]]
+    continues = np.array([continues_batch(a, b) for a, b in zip(ids, ids[1:])] + [False], dtype=bool)
     following = np.append(start[1:], np.nan)
     return pd.Series(np.where(continues, following - start, end - start), index=steps.index)
 

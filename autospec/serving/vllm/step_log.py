@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from autospec.serving.metrics import continues_batch
 from autospec.serving.records import RequestRecord, ServeRecords, StepLog
 from autospec.serving.vllm.engine import draft_log_path
 
@@ -66,7 +67,7 @@ def read_step_log(path: Path, since: float) -> list[dict[str, Any]]:
         row["d"] = sum(d for _, d, _ in calls[lo:hi]) if calls else None
         row["p"] = [p for _, _, passes in calls[lo:hi] for p in passes]
         # the next step's start when it carries on one of this step's requests (no idle wait between)
-        row["next_t0"] = after["t0"] if after is not None and set(after["ids"]) & set(row["ids"]) else None
+        row["next_t0"] = after["t0"] if after is not None and continues_batch(row["ids"], after["ids"]) else None
     return steps
 
 

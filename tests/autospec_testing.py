@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,16 @@ def shared_file(name: str) -> Path:
     if not path.is_file():
         pytest.skip(f"{path} is not present")
     return path
+
+
+def assert_bench_refuses(script: str, args: list[str], says: str, out: Path) -> None:
+    """`benchmarks/<script>` given bad flags: exit 2, exactly one `error: <says> (see <script> --help)` line,
+    no traceback, and `out` (its --out) not written (benchmarks/bench_args.py)."""
+    res = subprocess.run([sys.executable, f"benchmarks/{script}", *args, "--out", str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: {says} (see {script} --help)"]
+    assert "Traceback" not in res.stderr and not out.exists()
 
 
 def make_tiny_model(path: Path, *, vocab: int, layers: int, hidden: int = 64, heads: int = 2, kv_heads: int = 1,

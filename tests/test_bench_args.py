@@ -5,15 +5,11 @@ before it measures anything or writes its JSON."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from autospec_testing import assert_bench_refuses
 from benchmarks.bench_args import OneLineParser, between, whole
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_whole_accepts_only_whole_numbers_inside_its_bounds():
@@ -51,9 +47,4 @@ def test_a_bad_flag_is_one_error_line_and_exit_2(capsys):
     (["--trace", "."], "--trace . is not a file"),
 ])
 def test_trace_replay_speed_refuses_bad_flags_without_writing(tmp_path, args, says):
-    out = tmp_path / "out.json"
-    res = subprocess.run([sys.executable, "benchmarks/trace_replay_speed.py", *args, "--out", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().splitlines() == [f"error: {says} (see trace_replay_speed.py --help)"]
-    assert "Traceback" not in res.stderr and not out.exists()
+    assert_bench_refuses("trace_replay_speed.py", args, says, tmp_path / "out.json")

@@ -11,7 +11,7 @@ import pytest
 
 from autospec.serving.vllm.engine import vllm_available
 
-from autospec_testing import REPO
+from autospec_testing import REPO, assert_bench_refuses
 from benchmarks.vllm_prefill_drift import burst_errors
 
 
@@ -45,12 +45,7 @@ def test_three_bursts_are_spacing_apart_and_none_when_the_run_is_too_short():
     (["--prompt-tokens", "4"], "argument --prompt-tokens: 4 is outside [16, 2048]"),
 ])
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, args, says):
-    out = tmp_path / "out.json"
-    res = subprocess.run([sys.executable, "benchmarks/vllm_prefill_drift.py", *args, "--out", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [f"error: {says} (see vllm_prefill_drift.py --help)"]
-    assert not out.exists()
+    assert_bench_refuses("vllm_prefill_drift.py", args, says, tmp_path / "out.json")
 
 
 @pytest.mark.slow

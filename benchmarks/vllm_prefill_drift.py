@@ -57,13 +57,12 @@ def burst_errors(times_s: list[float], medians: list[float], spacing_s: float) -
 
 
 def measure(seconds: float, prompt_tokens: int, repeats: int) -> list[dict[str, float]]:
-    """The bursts: per round, the median of `repeats` prefills and of `repeats` decode steps (seconds)."""
+    """The bursts: per round, the median of `repeats` prefills and of `repeats` decode steps (seconds), timed
+    by the vLLM profile's own code (private to it), so a burst here is timed as a prefill row is there."""
     from autospec.calibration import ProfileSettings
     from autospec.models import BUNDLED_TARGET
     from autospec.serving.vllm.engine import close_llm
     from autospec.serving.vllm.latency_profile import FIXED_K_PROPOSER, _split, _VllmLatencyProfiler
-
-    # the profile's own timing code (private to it), so a burst here is timed as a prefill row is there
 
     settings = ProfileSettings.quick(k_max=2).model_copy(
         update={"repeats": repeats, "prefill_tokens": [prompt_tokens], "contexts": [128], "batches": [1]})

@@ -354,6 +354,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     first_records: dict[str, ServeRecords] = {}  # repeat 0's, which the shift table reuses at 1.0
     first_capacity: dict[str, Capacity] = {}
     host_speed: dict[str, list[float]] = {s.name: [] for s in strategies}  # before/after each real run
+    prefill_speed: dict[str, list[float]] = {s.name: [] for s in strategies}  # the same, of prefill (vLLM)
     sampler = TelemetrySampler().start()  # GPU counters on a background thread while the runs go
     try:
         for repeat in range(spec.repeats):
@@ -372,6 +373,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                                                capacity_scale=found.scale if found else None)
                 positions[strat.name].append(per_position_acceptance(step_frame))
                 host_speed[strat.name].extend(getattr(records, "host_speed", None) or [])
+                prefill_speed[strat.name].extend(getattr(records, "prefill_speed", None) or [])
                 if getattr(records, "findings", None):  # the first repeat's (repeats replay the same rules)
                     findings.setdefault(strat.name, list(records.findings))
                 for frame in (req_frame, step_frame):
@@ -410,7 +412,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                      if capacity_of is not None and spec.capacity is not None else None),
         "capacity_note": CLOSED_LOOP_CAPACITY_NOTE if spec.closed_loop else None,
         # the host's speed against the profile's around each real run (autospec.profile.HostSpeedCheck)
-        "host_speed": host_speed_summary(host_speed),
+        "host_speed": host_speed_summary(host_speed, prefill_speed),
         # other processes' CPU share, steal and load average while the real engine ran (HostLoadMeter)
         "host_load": host_load,
         # every strategy at ±30% load and prompt-mix shifts, repeat 0 (autospec.serving.shift); the report
@@ -524,15 +526,23 @@ def measurement_disturbed(summary: dict[str, Any]) -> bool:
     return any(bool((summary.get(key) or {}).get("disturbed")) for key in ("host_speed", "host_load"))
 
 
-def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
-    """{tolerance, disturbed_beyond, ratios by strategy, range, off_profile, disturbed, note}: whether the
-    host ran the real engine at the speed it was profiled at (`autospec.profile.HostSpeedCheck`, on vLLM
-    `serving.vllm.speed_check`): `off_profile` outside 1 ± HOST_SPEED_TOLERANCE (too far to judge the
-    simulator by), `disturbed` beyond HOST_SPEED_DISTURBED either way (the figures measure another
-    machine). None when no run was checked (the simulator, a real engine without a profile of its kind)."""
+def host_speed_summary(ratios: dict[str, list[float]],
+                       prefill: dict[str, list[float]] | None = None) -> dict[str, Any] | None:
+    """{tolerance, disturbed_beyond, ratios by strategy, range, off_profile, disturbed, prefill, note}:
+    whether the host ran the real engine at the speed it was profiled at (`autospec.profile.HostSpeedCheck`,
+    on vLLM `serving.vllm.speed_check`): `off_profile` outside 1 ± HOST_SPEED_TOLERANCE (too far to judge
+    the simulator by), `disturbed` beyond HOST_SPEED_DISTURBED either way (the figures measure another
+    machine). `prefill` (vLLM): the prefill probe's ratios by strategy and their range — reported, and
+    named in the note when outside 1 ± HOST_SPEED_TOLERANCE, but no rule (speed_check.py says why). None
+    when no run was checked (the simulator, a real engine without a profile of its kind)."""
     every = [r for runs in ratios.values() for r in runs]
     if not every:
         return None
+    prefill_every = [r for runs in (prefill or {}).values() for r in runs]
+    prefill_record = None
+    if prefill_every:
+        prefill_record = {"ratios": {n: r for n, r in (prefill or {}).items() if r},
+                          "range": [min(prefill_every), max(prefill_every)]}
     low, high = min(every), max(every)
     off, garbage = off_profile(every), far_off(every)
     note = None
@@ -544,9 +554,14 @@ def host_speed_summary(ratios: dict[str, list[float]]) -> dict[str, Any] | None:
         note = (f"the host ran {low:.2f}-{high:.2f}x the profiled step time during these runs (outside 1 ± "
                 f"{HOST_SPEED_TOLERANCE:.2f}; a shared host's speed moves by itself): differences from the "
                 "simulator within that drift judge the host, not the simulator")
+    if prefill_every and off_profile(prefill_every):
+        lo, hi = prefill_record["range"]  # type: ignore[index]
+        note = ((note + "; ") if note else "") + (
+            f"the host prefilled at {lo:.2f}-{hi:.2f}x the profiled prefill time (outside 1 ± "
+            f"{HOST_SPEED_TOLERANCE:.2f}): the simulator prices steps that admit a request at the profile's")
     return {"tolerance": HOST_SPEED_TOLERANCE, "disturbed_beyond": HOST_SPEED_DISTURBED,
             "ratios": {n: r for n, r in ratios.items() if r}, "range": [low, high], "off_profile": off,
-            "disturbed": garbage, "note": note}
+            "disturbed": garbage, "prefill": prefill_record, "note": note}
 
 
 def _vllm_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],

@@ -46,7 +46,10 @@ reason, when ../shared/data is absent.
 (profile on vLLM's quick grid, tune confirmed on vLLM), and the real replays are vLLM's
 (`autospec.evaluate.open_vllm_replay`: one engine per strategy, kept open across its runs). vLLM runs are
 bracketed by vLLM's own host-speed probe (`serving/vllm/speed_check.py`: decode steps on the replay's
-engine over the vLLM profile's), retried and dropped by the same rule as torch runs below.
+engine over the vLLM profile's), retried and dropped by the same rule as torch runs below. The probe
+also times three one-request prefills against the profile's longest target prefill row; those ratios are
+reported (`host_speed.prefill_range`, each judged cell's `probe_prefill_speed` in `sim_real_step_gap`)
+but drop nothing (speed_check.py says why).
 
 `--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run
 and judges only the held-out trace.
@@ -180,6 +183,7 @@ def quiet_run(replay: Replay, spec: StrategySpec, seed: int, requests: list) -> 
         speed = getattr(records, "host_speed", None) or []
         if speed:
             HOST_LOG.append({"strategy": spec.name, "attempt": attempt, "ratios": speed,
+                             "prefill_ratios": list(getattr(records, "prefill_speed", None) or []),
                              "disturbed": off_profile(speed)})
         if not speed or not off_profile(speed) or attempt == retries:
             return records
@@ -237,7 +241,10 @@ def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, se
         dropped = QUIET["drop"] and ((speed and off_profile(speed)) or r in uneven)
         out.append(None if dropped else tpot)
         if accounts is not None:
-            accounts.append(None if dropped else step_account(steps))
+            prefill = getattr(records, "prefill_speed", None) or []
+            # the prefill probe around the run (vLLM), beside the steps it may explain (step_gap)
+            probe = float(np.median(prefill)) if prefill else None
+            accounts.append(None if dropped else {**step_account(steps), "probe_prefill_speed": probe})
     return out
 
 
@@ -277,10 +284,14 @@ def kendall_tau_b(a: list[int], b: list[int]) -> float | None:
 def host_speed_record() -> dict[str, Any]:
     """What the host-speed checks saw over every real run of this verdict (quiet_run's log)."""
     every = [r for run in HOST_LOG for r in run["ratios"]]
+    prefill = [r for run in HOST_LOG for r in run.get("prefill_ratios", [])]
     return {"tolerance": HOST_SPEED_TOLERANCE, "retries": QUIET["retries"], "wait_s": QUIET_WAIT_S,
             "runs": len(HOST_LOG), "disturbed_tries": sum(run["disturbed"] for run in HOST_LOG),
             "kept_disturbed": sum(run["disturbed"] and run["attempt"] == QUIET["retries"] for run in HOST_LOG),
             "range": [min(every), max(every)] if every else None,
+            # the prefill probe's ratios (vLLM; reported, no rule: serving/vllm/speed_check.py)
+            "prefill_range": [min(prefill), max(prefill)] if prefill else None,
+            "prefill_median": float(np.median(prefill)) if prefill else None,
             # inside the runs: repeats of one TPOT cell whose step speeds disagreed (tpot_runs)
             "repeat_cells": len(REPEAT_LOG),
             "repeat_cells_rerun": sum(bool(cell["rerun"]) for cell in REPEAT_LOG),
@@ -298,10 +309,14 @@ STEP_GAP_KEYS = ("plain_step_s", "plain_batch", "plain_tokens_per_request", "adm
 
 
 def step_gap(sim: dict[str, Any] | None, real: dict[str, Any] | None) -> dict[str, float | None] | None:
-    """sim / real − 1 of each step_account figure (negative: the simulator's is smaller)."""
+    """sim / real − 1 of each step_account figure (negative: the simulator's is smaller), and the real
+    runs' prefill probe (`probe_prefill_speed`, their median ratio to the profile's prefill row; None
+    off vLLM): a host that prefilled at 0.8x its profile makes the simulator's admission steps dearer."""
     if sim is None or real is None:
         return None
-    return {key: None if sim[key] is None or not real[key] else sim[key] / real[key] - 1.0 for key in STEP_GAP_KEYS}
+    return {**{key: None if sim[key] is None or not real[key] else sim[key] / real[key] - 1.0
+               for key in STEP_GAP_KEYS},
+            "probe_prefill_speed": real.get("probe_prefill_speed")}
 
 
 def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,

@@ -69,6 +69,18 @@ def test_a_repeat_slowed_inside_its_run_is_rerun_and_never_judges(monkeypatch):
     assert verdict.tpot_runs(SlowedOnce(sim, seed=2), spec, 1.0, 3, seed=0, model=sim.latency_model) == [
         clean[0], clean[1], None]
 
+def test_the_step_gap_carries_the_real_runs_prefill_probe():
+    """sim / real − 1 per step_account figure, and beside them the real runs' prefill probe (vLLM's;
+    None where the real engine has none), which says whether the host prefilled at its profiled speed."""
+    sim = {key: 2.0 for key in verdict.STEP_GAP_KEYS}
+    real = {**{key: 2.5 for key in verdict.STEP_GAP_KEYS}, "probe_prefill_speed": 0.8}
+    gap = verdict.step_gap(sim, real)
+    assert all(gap[key] == pytest.approx(-0.2) for key in verdict.STEP_GAP_KEYS)
+    assert gap["probe_prefill_speed"] == 0.8
+    assert verdict.step_gap(sim, {key: 2.5 for key in verdict.STEP_GAP_KEYS})["probe_prefill_speed"] is None
+    assert verdict.step_gap(None, real) is None
+
+
 @pytest.mark.slow
 def test_quick_run_writes_the_verdict_figures(tmp_path):
     out = tmp_path / "verdict.json"
@@ -115,6 +127,7 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     assert host["runs"] > 0 and host["retries"] == 0 and host["range"][0] > 0
     # each real TPOT cell's repeats had their step speeds compared (tpot_runs); with no retries none re-run
     assert host["repeat_cells"] > 0 and host["repeats_rerun"] == 0 and len(host["repeat_log"]) == host["repeat_cells"]
+    assert host["prefill_range"] is None and gap["probe_prefill_speed"] is None  # torch has no prefill probe
 
 
 def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):

@@ -145,6 +145,9 @@ class ServeRecords:
     # the host's speed before and after the run relative to the profile's (autospec.profile.HostSpeedCheck);
     # empty when the replay had no check (the simulator, vLLM)
     host_speed: list[float] = field(default_factory=list)
+    # vLLM only: the host's prefill speed before and after the run relative to the profile's target prefill
+    # row (serving/vllm/speed_check.py, VllmSpeedReference.prefill_ratio); reported, never a disturbance rule
+    prefill_speed: list[float] = field(default_factory=list)
 
     def _per_request(self) -> dict[str, list[np.ndarray]]:
         """Token times and per-round counts of each request (in `self.requests` order), from the step

@@ -70,6 +70,20 @@ def test_the_flags_follow_the_ratios():
     assert quiet["off_profile"] is False
 
 
+def test_the_prefill_probe_is_reported_and_named_but_flags_nothing():
+    """vLLM's prefill probe (serving/vllm/speed_check.py) is reported beside the decode probe; off its
+    profile it is named in the note, but it never marks the runs off profile or disturbed."""
+    assert host_speed_summary({"no-sd": [1.0]})["prefill"] is None  # torch: no prefill probe
+    within = host_speed_summary({"no-sd": [1.0, 1.02]}, {"no-sd": [0.95, 1.04], "static-k2": []})
+    assert within["prefill"] == {"ratios": {"no-sd": [0.95, 1.04]}, "range": [0.95, 1.04]} and within["note"] is None
+    fast = host_speed_summary({"no-sd": [1.0, 1.02]}, {"no-sd": [0.78, 0.83]})
+    assert fast["off_profile"] is False and fast["disturbed"] is False
+    assert fast["note"].startswith("the host prefilled at 0.78-0.83x the profiled prefill time")
+    both = host_speed_summary({"no-sd": [1.01, 1.19]}, {"no-sd": [1.3]})
+    assert both["off_profile"] is True
+    assert "judge the host, not the simulator; the host prefilled at 1.30-1.30x" in both["note"]
+
+
 def test_a_replay_brackets_each_run_and_the_check_does_not_change_it(tmp_path):
     (tmp_path / "w.toml").write_text(WORKLOAD)
     replay = open_sim_replay(PROFILE, load_workload(tmp_path / "w.toml"))

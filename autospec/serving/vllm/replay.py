@@ -98,7 +98,8 @@ class VllmReplayer:
         cfg = self.config_for(spec)
         longest = max(len(r.prompt) + r.max_tokens for r in requests)
         if self.speed_reference is not None:
-            longest = max(longest, self.speed_reference.context + PROBE_TOKENS)
+            longest = max(longest, self.speed_reference.context + PROBE_TOKENS,
+                          (self.speed_reference.prefill_tokens or 0) + 1)
         with tempfile.TemporaryDirectory(prefix="autospec-vllm-") as tmp:
             log_path = Path(tmp) / "steps.jsonl"
             # [chosen] Prefix caching off: every repeat replays the same prompts, and with the cache on a
@@ -116,13 +117,19 @@ class VllmReplayer:
                 try:
                     loop.run_until_complete(self._warm_up(engine, requests))
 
-                    def host_speed() -> float | None:
-                        """The probe's step time over the profile's (speed_check.py), None without one."""
-                        if self.speed_reference is None:
-                            return None
+                    def host_speed() -> tuple[float | None, float | None]:
+                        """The probe's decode and prefill step times over the profile's (speed_check.py),
+                        None without a reference."""
+                        reference = self.speed_reference
+                        if reference is None:
+                            return None, None
                         t0 = time.perf_counter()
-                        loop.run_until_complete(self._probe(held[0], self.speed_reference))
-                        return self.speed_reference.ratio(read_step_log(log_path, t0))
+                        loop.run_until_complete(self._probe(held[0], reference))
+                        t1 = time.perf_counter()
+                        loop.run_until_complete(self._probe_prefill(held[0], reference))
+                        steps = read_step_log(log_path, t0)
+                        return (reference.ratio([s for s in steps if s["t0"] < t1]),
+                                reference.prefill_ratio([s for s in steps if s["t0"] >= t1]))
 
                     def run(batch: Sequence[Any], repeat: int,
                             on_finish: Callable[[int], None] | None = None) -> ServeRecords:
@@ -137,7 +144,8 @@ class VllmReplayer:
                         after = host_speed()  # its steps come after the run's, which were read above
                         if self.load_meter is not None:
                             self.load_meter.pause()
-                        records.host_speed = [r for r in (before, after) if r is not None]
+                        records.host_speed = [r for r, _ in (before, after) if r is not None]
+                        records.prefill_speed = [r for _, r in (before, after) if r is not None]
                         return records
 
                     yield run
@@ -187,6 +195,25 @@ class VllmReplayer:
 
         for _ in range(PROBE_ROUNDS):  # one round after the other (speed_check.PROBE_ROUNDS says why)
             await asyncio.gather(*(one(p) for p in prompts))
+
+    async def _probe_prefill(self, engine, reference: VllmSpeedReference) -> None:
+        """The prefill probe: one request of `reference.prefill_tokens` random prompt tokens and one token
+        out (its step is the prefill alone), PROBE_ROUNDS times one after the other; nothing when the
+        profile has no prefill row."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if reference.prefill_tokens is None:
+            return
+        prompt = np.random.default_rng(1).integers(1, config_vocab_size(self.target),
+                                                   reference.prefill_tokens).tolist()
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        for _ in range(PROBE_ROUNDS):
+            async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params,
+                                           request_id=f"speed-probe-{next(self._probes)}"):
+                pass
 
     async def _submit_all(self, engine, requests: Sequence[Any], t0: float, repeat: int,
                           on_finish: Callable[[int], None] | None) -> dict[int, ClientRecord]:

@@ -15,8 +15,18 @@ ratio outside 1 ± tolerance marks the run disturbed).
 The shape is the one the torch check uses (`HOST_SPEED_SHAPE`, passed in by the caller: a batch of 8 at
 context 128), at the profiled batch and row context nearest it (a row's context is the mean KV of its
 steps; the probe's prompts are that long, so its steps run a few tokens past it); no check (None)
-without a vLLM profile, or without a profiled batch the replay's `max_batch` can hold. Nothing here
-imports vLLM.
+without a vLLM profile, or without a profiled batch the replay's `max_batch` can hold.
+
+Prefill is probed apart (`VllmSpeedReference.prefill_ratio`): the decode probe cannot see it, and the
+host's prefill speed drifts by itself — profiles of one host priced the target's prefill at 0.215-0.292
+ms/token while its batch-1 decode step moved only 9.1-9.7 ms (docs/vllm.md, "Profile
+on vLLM"). After the decode rounds the probe prefills one request of the profile's longest target
+prefill row (`prefill_tokens`), one token out, PROBE_ROUNDS times; the median of those steps outside
+the draft (`step_log.split_step`, as the profile times its prefill rows) over that row's median is the
+prefill ratio, which the replay records as `ServeRecords.prefill_speed`. [chosen] It is reported, not a
+rule that marks a run disturbed: one burst of prefills stands for the host only to 9.2% at p90 and 55%
+at worst (benchmarks/results/vllm_prefill_drift.json), so a ±10% rule would flag quiet runs. Nothing
+here imports vLLM.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from autospec.calibration import read_profile_meta
-from autospec.serving.vllm.step_log import step_period
+from autospec.serving.vllm.step_log import split_step, step_period
 
 __all__ = ["PROBE_ROUNDS", "PROBE_TOKENS", "VllmSpeedReference"]
 
@@ -50,6 +60,10 @@ class VllmSpeedReference:
     rows: pd.DataFrame  # the profile's target decode and decode_plain rows
     batch: int  # probe requests, served together
     context: int  # prompt tokens of each
+    # the prefill probe's prompt tokens (the profile's longest target prefill row) and that row's median;
+    # None when the profile has no target prefill row
+    prefill_tokens: int | None = None
+    prefill_s: float | None = None
 
     @classmethod
     def from_profile(cls, run_dir: Path, max_batch: int, shape: tuple[int, int, int]) -> "VllmSpeedReference | None":
@@ -59,8 +73,11 @@ class VllmSpeedReference:
         meta = read_profile_meta(run_dir)
         if not path.is_file() or meta is None or meta.engine != "vllm":
             return None
-        rows = pd.read_parquet(path)
-        rows = rows[(rows["model"] == "target") & rows["phase"].isin(["decode", "decode_plain"])]
+        every = pd.read_parquet(path)
+        target = every[every["model"] == "target"]
+        prefill = target[(target["phase"] == "prefill") & (target["batch"] == 1)]
+        longest = prefill.loc[prefill["tokens"].idxmax()] if not prefill.empty else None
+        rows = target[target["phase"].isin(["decode", "decode_plain"])]
         batches = [int(b) for b in rows["batch"].unique() if b <= max_batch]
         if not batches:
             return None
@@ -69,7 +86,9 @@ class VllmSpeedReference:
         rows = rows[rows["batch"] == batch].reset_index(drop=True)
         # a row's context is its steps' mean KV (the profiled prompt + the tokens generated before them)
         context = min((int(round(c)) for c in rows["context"].unique()), key=lambda c: abs(c - want_context))
-        return cls(rows, batch, context)
+        if longest is None:
+            return cls(rows, batch, context)
+        return cls(rows, batch, context, int(longest["tokens"]), float(longest["median_s"]))
 
     def ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
         """The probe's median step time outside the draft over the profile's at its shape, from the
@@ -96,6 +115,16 @@ class VllmSpeedReference:
         rows = rows[rows["tokens"] == min(rows["tokens"].unique(), key=lambda t: abs(t - tokens))]
         row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - self.context)))]
         return measured / float(row["median_s"])
+
+
+    def prefill_ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
+        """The prefill probe's median step time outside the draft over the profile's target prefill row
+        at `prefill_tokens`, from the step-log rows of the prefill probe alone (its one-request steps that
+        produced a first token); None without a prefill row or a logged prefill step."""
+        if self.prefill_s is None:
+            return None
+        times = [split_step(s)[0] for s in steps if len(s["ids"]) == 1 and any(s["first"])]
+        return float(np.median(times)) / self.prefill_s if times else None
 
 
 def _generations(steps: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

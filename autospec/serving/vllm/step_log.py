@@ -30,7 +30,7 @@ from autospec.serving.metrics import continues_batch
 from autospec.serving.records import RequestRecord, ServeRecords, StepLog
 from autospec.serving.vllm.engine import draft_log_path
 
-__all__ = ["ClientRecord", "read_step_log", "records_from_steps", "step_period"]
+__all__ = ["ClientRecord", "read_step_log", "records_from_steps", "split_step", "step_period"]
 
 
 @dataclass
@@ -80,6 +80,16 @@ def step_period(row: Mapping[str, Any]) -> float | None:
     period, so the profile and the host-speed probe time periods (docs/vllm.md, "Profile on vLLM")."""
     nxt = row.get("next_t0")
     return None if nxt is None else float(nxt - row["t0"])
+
+
+def split_step(row: Mapping[str, Any]) -> tuple[float, float]:
+    """(seconds outside the draft proposals, seconds in them) of one logged step: its period
+    (`step_period`) where the engine went straight on, else its t0..t1 (a step that finished every
+    request it ran, such as a one-token prefill). The vLLM profile's target rows and the host-speed probe
+    both time a step so."""
+    draft_s = float(row.get("d") or 0.0)
+    period = step_period(row)
+    return (row["t1"] - row["t0"] if period is None else period) - draft_s, draft_s
 
 
 def records_from_steps(strategy: str, requests: Sequence[Any], steps: Sequence[Mapping[str, Any]], t0: float,

@@ -62,7 +62,8 @@ def measure(seconds: float, prompt_tokens: int, repeats: int) -> list[dict[str, 
     from autospec.calibration import ProfileSettings
     from autospec.models import BUNDLED_TARGET
     from autospec.serving.vllm.engine import close_llm
-    from autospec.serving.vllm.latency_profile import FIXED_K_PROPOSER, _split, _VllmLatencyProfiler
+    from autospec.serving.vllm.latency_profile import FIXED_K_PROPOSER, _VllmLatencyProfiler
+    from autospec.serving.vllm.step_log import split_step
 
     settings = ProfileSettings.quick(k_max=2).model_copy(
         update={"repeats": repeats, "prefill_tokens": [prompt_tokens], "contexts": [128], "batches": [1]})
@@ -76,7 +77,7 @@ def measure(seconds: float, prompt_tokens: int, repeats: int) -> list[dict[str, 
             profiler.k_file.write_text("0")
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
-                prefill = [_split(step)[0] for step in profiler.prefill_steps(llm, prompt_tokens)]
+                prefill = [split_step(step)[0] for step in profiler.prefill_steps(llm, prompt_tokens)]
                 decode = [outside for outside, _ in profiler.decode_steps(llm, 1, 128, repeats)]
                 rounds.append({"t_s": time.perf_counter() - start, "prefill_s": float(np.median(prefill)),
                                "decode_s": float(np.median(decode))})

@@ -29,7 +29,7 @@ from autospec.serving.vllm.engine import (
     make_llm,
     served_max_model_len,
 )
-from autospec.serving.vllm.step_log import read_step_log, step_period
+from autospec.serving.vllm.step_log import read_step_log, split_step, step_period
 
 __all__ = ["draft_ks", "profile_latency", "profile_units"]
 
@@ -110,14 +110,6 @@ def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:
     return float(k @ t / (k @ k)), 0.0
 
 
-def _split(step: dict) -> tuple[float, float]:
-    """(seconds outside the draft proposals, seconds in them) of one logged step: its period (to the next
-    step's start, `step_log.step_period`) where the engine went straight on, else its t0..t1."""
-    draft_s = float(step.get("d") or 0.0)
-    period = step_period(step)
-    return (step["t1"] - step["t0"] if period is None else period) - draft_s, draft_s
-
-
 class _VllmLatencyProfiler:
     """`profile_latency`'s state (random prompts, the step log, the fixed proposer's K file, the rows so
     far) and its steps: one method per engine, and the timing helpers they share."""
@@ -154,7 +146,7 @@ class _VllmLatencyProfiler:
             for (context, batch, tokens), times in self.in_passes(shapes, outside).items():
                 self.row("target", "decode", batch, tokens, context + self.mid, times)
             self.k_file.write_text("0")
-            return {t: [_split(step)[0] for step in self.prefill_steps(llm, t)] for t in s.prefill_tokens}
+            return {t: [split_step(step)[0] for step in self.prefill_steps(llm, t)] for t in s.prefill_tokens}
         finally:
             close_llm(llm)
 
@@ -266,7 +258,7 @@ class _VllmLatencyProfiler:
         # full-batch decode steps the engine went straight on from (their period is the step's cost)
         steps = [step for step in read_step_log(self.log, t0)
                  if not any(step["first"]) and len(step["ids"]) == batch and step_period(step) is not None]
-        times = [_split(step) for step in steps][s.warmup:s.warmup + timed]
+        times = [split_step(step) for step in steps][s.warmup:s.warmup + timed]
         if not times:
             raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
         return times
@@ -285,7 +277,7 @@ class _VllmLatencyProfiler:
         the passes were not timed, the step's draft time less its K − 1 single-token passes."""
         if step["p"]:
             return step["p"][0]
-        return max(_split(step)[1] - (self.settings.k_max - 1) * one_pass, 1e-6)
+        return max(split_step(step)[1] - (self.settings.k_max - 1) * one_pass, 1e-6)
 
     def row(self, model, phase, batch, tokens, context, times, mad_s: float | None = None) -> None:
         """One latency row from its timed repeats (or, for a derived row, its one value and `mad_s`)."""

@@ -116,7 +116,6 @@ class VllmSpeedReference:
         row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - self.context)))]
         return measured / float(row["median_s"])
 
-
     def prefill_ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
         """The prefill probe's median step time outside the draft over the profile's target prefill row
         at `prefill_tokens`, from the step-log rows of the prefill probe alone (its one-request steps that

@@ -1,15 +1,16 @@
 """How far one burst of prefill timings stands for the host: on one vLLM engine built as the profile builds
 its fixed-K engine (the bundled pair), time `--repeats` prefills of `--prompt-tokens` random tokens back to
-back — exactly as `autospec profile --engine vllm` times a prefill row — then `--repeats` decode steps at
-batch 1, and again, for `--seconds`. Each round is one "burst" of each.
+back — as `autospec profile --engine vllm` timed a prefill row before it spread them over its passes
+(`latency_profile.PREFILL`: this measurement is why) — then `--repeats` decode steps at batch 1, and again,
+for `--seconds`. Each round is one "burst" of each.
 
     python benchmarks/vllm_prefill_drift.py [--seconds 240] [--prompt-tokens 512] [--repeats 5]
         [--spacing-s 60] [--out benchmarks/results/vllm_prefill_drift.json]
 
 Why (issue 16, docs/vllm.md, "Profile on vLLM": the verdict runs): the profile's target prefill slope moved
 0.215-0.292 ms per token between vLLM profiles made on the same host, and the simulator's error on vLLM
-followed it. The profile times each prompt length's prefills in one burst, while it spreads every decode
-shape over up to three generations far apart in time. This measures what that costs: each burst's median
+followed it. The profile then timed each prompt length's prefills in one burst, while it spread every
+decode shape over up to three generations far apart in time. This measures what that cost: each burst's median
 against the median of all bursts (`one_burst`), and the median of three bursts `--spacing-s` apart against
 the same (`three_bursts`), as |relative error| quantiles; the same for the decode bursts (`decode_one_burst`).
 It does not measure drift slower than `--seconds` (between profiles made an hour apart); nothing here
@@ -77,7 +78,7 @@ def measure(seconds: float, prompt_tokens: int, repeats: int) -> list[dict[str, 
             profiler.k_file.write_text("0")
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
-                prefill = [split_step(step)[0] for step in profiler.prefill_steps(llm, prompt_tokens)]
+                prefill = [split_step(step)[0] for step in profiler.prefill_steps(llm, prompt_tokens, repeats)]
                 decode = [outside for outside, _ in profiler.decode_steps(llm, 1, 128, repeats)]
                 rounds.append({"t_s": time.perf_counter() - start, "prefill_s": float(np.median(prefill)),
                                "decode_s": float(np.median(decode))})

@@ -179,16 +179,37 @@ def test_evaluate_refuses_a_strategy_vllm_cannot_express(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair):
+def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monkeypatch):
     """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive; the
-    plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1."""
+    plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1; the
+    prefills timed in the passes, like the decode shapes."""
     import numpy as np
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
+    from autospec.serving.vllm import latency_profile
     from autospec.serving.vllm.latency_profile import draft_line, profile_latency
 
+    calls: list[tuple[str, int]] = []  # (what was timed, timed steps), in order, on the real engines
+    real_prefill, real_decode = latency_profile._VllmLatencyProfiler.prefill_steps, \
+        latency_profile._VllmLatencyProfiler.decode_steps
+
+    def prefill_steps(self, llm, tokens, timed):
+        calls.append(("prefill", timed))
+        return real_prefill(self, llm, tokens, timed)
+
+    def decode_steps(self, llm, batch, context, timed, **kw):
+        calls.append(("decode", timed))
+        return real_decode(self, llm, batch, context, timed, **kw)
+
+    monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "prefill_steps", prefill_steps)
+    monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "decode_steps", decode_steps)
     settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)
     lat = profile_latency(*bundled_pair, settings)
+    # per engine that prefills (fixed-K, then draft_model) three passes, each its decode shapes then one timed
+    # prefill: a prefill row's steps come from three passes, not one burst (latency_profile.PREFILL)
+    fixed_pass = [("decode", 1)] * 6 + [("prefill", 1)]  # 2 batches x tokens 1..3
+    draft_pass = [("decode", 1)] * 4 + [("prefill", 1)]  # 2 batches x K 1, 2
+    assert calls == fixed_pass * 3 + draft_pass * 3 + [("decode", 1)] * 6  # then the plain engine's 2 x 3
     assert list(lat.columns) == LATENCY_COLUMNS
     target = lat[(lat["model"] == "target") & (lat["phase"] == "decode")]
     assert sorted(zip(target["batch"], target["tokens"])) == [(b, t) for b in (1, 2) for t in (1, 2, 3)]

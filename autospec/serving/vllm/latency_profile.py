@@ -40,6 +40,12 @@ __all__ = ["draft_ks", "profile_latency", "profile_units"]
 # so the steps of one generation share its error and more of them do not average it out; a median over
 # passes far apart in time does.
 PASSES = 3
+# A prefill shape in a pass ((PREFILL, prompt tokens)), beside the decode shapes' (context, batch, tokens):
+# prefill rows are spread over the passes too. The host's prefill speed drifts more than its decode step —
+# profiles of one host priced the target's prefill at 0.215-0.292 ms/token while its batch-1 decode step
+# moved 9.1-9.7 ms — and one burst of prefills stood for the host only to 9.2% at p90, three bursts a
+# minute apart to 4.3% (benchmarks/results/vllm_prefill_drift.json; docs/vllm.md, "Profile on vLLM").
+PREFILL = "prefill"
 
 FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"
 FIXED_K_DRAFT_SCHEDULER = "autospec.serving.vllm.scheduler.FixedKDraftScheduler"
@@ -68,7 +74,8 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
       (>= 0). `autospec fit` fits the simulator's clock to each;
     * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
       time (target: fixed engine); draft: the draft_model engine's first draft forward pass in its
-      prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass);
+      prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass) —
+      each prompt length a shape of its engine's passes (PREFILL says why);
     * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
       no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
       engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
@@ -130,23 +137,28 @@ class _VllmLatencyProfiler:
 
     def fixed_k_engine_rows(self) -> dict[int, list[float]]:
         """Target decode rows for every (context, batch, tokens = k + 1) from the FixedKProposer engine;
-        returns the target's prefill times per prompt length (its rows follow the draft's)."""
+        returns the target's prefill times per prompt length, timed in the same passes (their rows
+        follow the draft's)."""
         s = self.settings
         llm = self.engine({"method": "custom_class", "model": FIXED_K_PROPOSER, "num_speculative_tokens": s.k_max})
         try:
             self.warm_up(llm)
             shapes = [(context, batch, tokens) for context in s.contexts for batch in s.batches
                       for tokens in range(1, s.k_max + 2)]
+            prefills = [(PREFILL, t) for t in s.prefill_tokens]
 
-            def outside(shape: tuple[int, int, int], timed: int) -> list[float]:
+            def outside(shape: tuple, timed: int) -> list[float]:
+                if shape[0] == PREFILL:
+                    self.k_file.write_text("0")
+                    return [split_step(step)[0] for step in self.prefill_steps(llm, shape[1], timed)]
                 context, batch, tokens = shape
                 self.k_file.write_text(str(tokens - 1))
                 return [o for o, _ in self.decode_steps(llm, batch, context, timed)]
 
-            for (context, batch, tokens), times in self.in_passes(shapes, outside).items():
-                self.row("target", "decode", batch, tokens, context + self.mid, times)
-            self.k_file.write_text("0")
-            return {t: [split_step(step)[0] for step in self.prefill_steps(llm, t)] for t in s.prefill_tokens}
+            measured = self.in_passes(shapes + prefills, outside)
+            for context, batch, tokens in shapes:
+                self.row("target", "decode", batch, tokens, context + self.mid, measured[(context, batch, tokens)])
+            return {t: measured[(PREFILL, t)] for _, t in prefills}
         finally:
             close_llm(llm)
 
@@ -164,8 +176,14 @@ class _VllmLatencyProfiler:
             self.k_file.write_text(str(s.k_max))
             self.warm_up(llm)
             shapes = [(context, batch, k) for context in s.contexts for batch in s.batches for k in ks]
+            prefills = [(PREFILL, t) for t in s.prefill_tokens]
 
-            def drafting(shape: tuple[int, int, int], timed: int) -> list[float]:
+            def drafting(shape: tuple, timed: int) -> list:
+                """A decode shape's draft seconds per step; a prefill shape's logged prefill steps (their
+                draft prefill needs the line over K, known after the passes: draft_prefill)."""
+                if shape[0] == PREFILL:
+                    self.k_file.write_text(str(s.k_max))
+                    return self.prefill_steps(llm, shape[1], timed)
                 context, batch, k = shape
                 self.k_file.write_text(str(k))
                 times = [draft_s for _, draft_s in self.decode_steps(llm, batch, context, timed, tokens_per_step=k + 1)]
@@ -173,7 +191,10 @@ class _VllmLatencyProfiler:
                     raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
                 return times
 
-            measured = self.in_passes(shapes, drafting, units=1 / len(ks))
+            # a prefill shape is one row (the draft's; the target's was counted with its engine), a decode
+            # shape one of the len(ks) step rows of its (batch, context)
+            measured = self.in_passes(shapes + prefills, drafting,
+                                      units=lambda shape: 1.0 if shape[0] == PREFILL else 1 / len(ks))
             one_pass = 0.0
             for context in s.contexts:
                 for batch in s.batches:
@@ -188,12 +209,10 @@ class _VllmLatencyProfiler:
                     self.row("draft", "round", batch, 1, context + self.mid, [per_round], mad_s=spread)
                     if batch == min(s.batches) and not one_pass:
                         one_pass = per_pass
-            self.k_file.write_text(str(s.k_max))
             for t, target_times in target_prefill.items():
                 self.row("target", "prefill", 1, t, 0, target_times)
                 self.row("draft", "prefill", 1, t, 0, [self.draft_prefill(step, one_pass)
-                                                       for step in self.prefill_steps(llm, t)])
-                self.progress(2)
+                                                       for step in measured[(PREFILL, t)]])
         finally:
             close_llm(llm)
 
@@ -229,17 +248,18 @@ class _VllmLatencyProfiler:
     def warm_up(self, llm) -> None:
         generate_tokens(llm, [self.rng.integers(1, self.vocab, 16).tolist()], 4)
 
-    def in_passes(self, shapes: list, measure: Callable[[Any, int], list[float]],
-                  units: float = 1.0) -> dict[Any, list[float]]:
+    def in_passes(self, shapes: list, measure: Callable[[Any, int], list],
+                  units: Callable[[Any], float] = lambda shape: 1.0) -> dict[Any, list]:
         """Every shape's timed steps, `measure(shape, timed)` called once per shape in each of the passes
-        over `shapes` (`passes`: a shape's generations far apart in time); progress `units` per shape."""
+        over `shapes` (`passes`: a shape's generations far apart in time); progress `units(shape)` per
+        shape."""
         generations, timed = passes(self.settings.repeats)
-        out: dict[Any, list[float]] = {shape: [] for shape in shapes}
+        out: dict[Any, list] = {shape: [] for shape in shapes}
         done = 0.0
         for _ in range(generations):
             for shape in shapes:
                 out[shape] += measure(shape, timed)
-                done += units / generations
+                done += units(shape) / generations
                 if done >= 1:
                     self.progress(int(done))
                     done -= int(done)
@@ -263,10 +283,11 @@ class _VllmLatencyProfiler:
             raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
         return times
 
-    def prefill_steps(self, llm, tokens: int) -> list[dict]:
-        """The logged steps that prefilled one request of `tokens` tokens, warm-up ones dropped."""
+    def prefill_steps(self, llm, tokens: int, timed: int) -> list[dict]:
+        """The logged steps of `timed` prefills of one request of `tokens` tokens, one after the other,
+        after `warmup` untimed ones."""
         steps = []
-        for _ in range(self.settings.warmup + self.settings.repeats):
+        for _ in range(self.settings.warmup + timed):
             t0 = time.perf_counter()
             generate_tokens(llm, [self.rng.integers(1, self.vocab, tokens).tolist()], 1)
             steps += [step for step in read_step_log(self.log, t0) if any(step["first"])]

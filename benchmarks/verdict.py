@@ -26,7 +26,9 @@ Per workload:
    and tuned. Each is replayed `--repeats` times [chosen: 3] on both engines at the *capacity point*
    (tuned's simulator capacity scale) and at half of it; the metric is mean TPOT (lower is better), its
    95% CI a bootstrap across repeats (`metrics.bootstrap_ci`). Strategies are ranked by mean; a
-   strategy whose CI overlaps that of its group's best is tied with it. `rank_agreement` is Kendall's
+   strategy whose CI overlaps that of its group's best is tied with it; a cell left with one measured
+   run (the rest disturbed) is given the widest relative CI of the cells measured more than once
+   (`rank_intervals`), not the zero-wide CI of one value. `rank_agreement` is Kendall's
    τ-b (scipy) between the simulator's and the engine's tied ranks at the capacity point (at half in
    `rank_agreement_half`). Goal: τ-b ≥ 0.8.
 5. `sim_real_tpot_err_max`: max over {no-sd, best static K, tuned} × {capacity point, half} of
@@ -273,6 +275,22 @@ def tied_ranks(cis: list[dict[str, Any]]) -> list[int]:
     return ranks
 
 
+def rank_intervals(cells: list[dict[str, Any]], runs: list[list[float | None]]) -> list[dict[str, Any]]:
+    """The intervals `tied_ranks` compares: each cell's bootstrap CI, except where one run was measured
+    (the others disturbed and dropped) — its CI is that run alone, zero wide, a precision one run cannot
+    show. Such a cell borrows the widest relative half-width among the cells measured more than once
+    (the engine's own repeat-to-repeat spread at this load) [chosen: the widest, so a lone run is tied
+    rather than separated when in doubt]; with no such cell it stays as it is."""
+    def measured(i: int) -> int:
+        return sum(r is not None for r in runs[i])
+
+    spreads = [(c["ci_high"] - c["ci_low"]) / 2 / c["mean"] for i, c in enumerate(cells)
+               if measured(i) > 1 and c["mean"]]
+    widest = max(spreads, default=0.0)
+    return [{**c, "ci_low": c["mean"] * (1 - widest), "ci_high": c["mean"] * (1 + widest)}
+            if measured(i) == 1 else c for i, c in enumerate(cells)]
+
+
 def kendall_tau_b(a: list[int], b: list[int]) -> float | None:
     """Kendall's τ-b of two rankings (None when one side ranks everything equal: τ is undefined)."""
     from scipy.stats import kendalltau
@@ -383,7 +401,8 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
                                 "sim_steps": sim_steps, "real_steps": real_steps}
 
     def ranks(load: str, engine: str) -> list[int]:
-        return tied_ranks([tpot[name][load][engine] for name in strategies])
+        return tied_ranks(rank_intervals([tpot[name][load][engine] for name in strategies],
+                                         [tpot[name][load][f"{engine}_runs"] for name in strategies]))
 
     confirmed = ["no-sd", best_static, "tuned"]
     errors = {f"{name}@{load}": rel_err(tpot[name][load]["sim"]["mean"], tpot[name][load]["real"]["mean"])

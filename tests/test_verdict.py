@@ -36,6 +36,21 @@ def test_overlapping_cis_share_a_rank_and_separated_ones_do_not():
     assert verdict.tied_ranks([none, _ci(2.0, 0.1), _ci(1.0, 0.1), none]) == [2, 1, 0, 2]
 
 
+def test_a_cell_left_with_one_measured_run_borrows_the_widest_repeat_spread_before_ranking():
+    # repeats spread ±2% and ±5%; the third cell kept one run of three (two disturbed): its zero-wide CI
+    # would separate it from the ±5% cell 8% below it, the borrowed ±5% ties them
+    cells = [_ci(1.00, 0.02), _ci(1.20, 0.06), {"mean": 1.30, "ci_low": 1.30, "ci_high": 1.30}]
+    runs = [[0.99, 1.0, 1.01], [1.15, 1.2, 1.25], [None, 1.30, None]]
+    widened = verdict.rank_intervals(cells, runs)
+    assert widened[:2] == cells[:2]
+    assert (widened[2]["ci_low"], widened[2]["ci_high"]) == (pytest.approx(1.30 * 0.95), pytest.approx(1.30 * 1.05))
+    assert verdict.tied_ranks(cells) == [0, 1, 2]
+    assert verdict.tied_ranks(widened) == [0, 1, 1]
+    # an unmeasured cell stays unmeasured, and without a repeated cell nothing is borrowed
+    none = {"mean": None, "ci_low": None, "ci_high": None}
+    assert verdict.rank_intervals([none, cells[2]], [[None] * 3, runs[2]]) == [none, cells[2]]
+
+
 def test_kendall_tau_b_counts_ties_and_is_undefined_when_one_side_ties_everything():
     assert verdict.kendall_tau_b([0, 1, 2, 3], [0, 1, 2, 3]) == pytest.approx(1.0)
     assert verdict.kendall_tau_b([0, 1, 2, 3], [3, 2, 1, 0]) == pytest.approx(-1.0)

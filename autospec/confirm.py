@@ -32,7 +32,7 @@ figure worse: on the torch engine each run is bracketed by the host-speed check
 (`autospec.profile.HostSpeedCheck`), each row keeps its ratios (`real_host_speed`), and a confirmation
 whose host ran outside 1 ± HOST_SPEED_TOLERANCE of its profiled speed says so in its reason. The probes
 see the host only before and after a run, so each real run's speed inside it is kept too
-(`real_step_speed`: `metrics.step_speed` against the fit's latency model, per load and repeat); repeats
+(`real_step_speed`: `metrics.step_speed` against the simulator's step clock, per load and repeat); repeats
 of one candidate at one load that disagree by more than the same tolerance (`metrics.uneven_repeats`)
 are named in `uneven_repeats` and in the reason.
 """
@@ -129,6 +129,7 @@ def confirm(candidates: list[Candidate], sim: Replay, real: WindowReplay, settin
         sim_att, sim_tpot, real_tpot = [], [], []
         speeds: list[float] = []  # the host's speed around each real run (profile.HostSpeedCheck), when checked
         step_speeds: list[list[float | None]] = []  # per load, each repeat's speed inside its run (metrics.step_speed)
+        clock = sim.step_clock(cand.spec)  # the simulator's price of each real plain step (step_speed)
         for j, scale in enumerate(scales):
             records = sim.run(cand.spec, seed, requests=scaled_requests(sim.requests, scale))
             sim_att.append(attainment(records, sim.slo))
@@ -141,8 +142,9 @@ def confirm(candidates: list[Candidate], sim: Replay, real: WindowReplay, settin
                 real_att[r, j] = attainment(records, real.slo)
                 speeds.extend(getattr(records, "host_speed", None) or [])
                 steps = records.steps_frame()
-                inside.append(None if sim.latency_model is None else step_speed(steps, sim.latency_model))
-                tpots.append(compute_metrics(records.requests_frame(), steps, real.slo)["tpot_mean"])
+                requests = records.requests_frame()
+                inside.append(None if clock is None else step_speed(steps, requests, clock))
+                tpots.append(compute_metrics(requests, steps, real.slo)["tpot_mean"])
             step_speeds.append(inside)
             real_tpot.append(float(np.mean([t for t in tpots if t is not None])) if any(
                 t is not None for t in tpots) else None)

@@ -66,10 +66,11 @@ off after that counts as unmeasured (None; never used to judge the simulator). T
 host only before and after a run: a vLLM static-k1 replay at half load measured 20.3 ms mean TPOT
 beside 13.7 and 11.7 ms for the identical replay, with its probes inside 1 ± 0.10. So the repeats of each
 real TPOT cell must also agree inside their runs: each run's step speed (`metrics.step_speed`: its plain
-steps' seconds over the fitted latency model's) within 1 ± 0.10 of the repeats' median, else the odd
-repeats are re-run (same retries and wait) and, still uneven, count as unmeasured. Against the model
-the step speed mixes the model's error with the host's; between identical replays only the host's
-differs, so the rule cannot favour the simulator. `host_speed` in the result counts tries, retries and
+steps' seconds over what the simulator's clock charges them) within 1 ± 0.10 of the repeats' median, else
+the odd repeats are re-run (same retries and wait) and, still uneven, count as unmeasured. Against the
+clock the step speed mixes the simulator's error with the host's; between identical replays only the
+host's differs, so the rule cannot favour the simulator (and across strategies it reads the simulator's
+per-strategy step error: `repeat_log`). `host_speed` in the result counts tries, retries and
 what stayed disturbed, and `repeat_log` every cell's step speeds and re-runs. The capacity searches
 have one replay per probe, so only the probes guard them. Run it alone (the result also records the load
 average at start and end). Cost on a quiet 2-core CPU, measured: the default's `autospec run` ~3 min and
@@ -97,7 +98,7 @@ import typer
 from autospec.artifacts import hardware_info, write_json
 from autospec.cli import fail_cleanly
 from autospec.config import SCHEMA_VERSION, load_run_spec
-from autospec.contract import LatencyModel
+from autospec.contract import StepClockFn
 from autospec.errors import InputError
 from autospec.evaluate import open_sim_replay, open_torch_replay, open_vllm_replay
 from autospec.profile import HOST_SPEED_TOLERANCE, off_profile
@@ -208,31 +209,35 @@ def real_capacity(real: Replay, spec: StrategySpec, start_scale: float, seed: in
 
 
 def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, seed: int,
-              model: LatencyModel | None = None, accounts: list | None = None) -> list[float | None]:
+              clock: StepClockFn | None = None, accounts: list | None = None) -> list[float | None]:
     """Mean TPOT of `repeats` (quiet) replays of the window at `scale` (engine seed + repeat). On the real
-    engine (`model` given: the fit's latency model) the repeats must also agree with each other inside
-    their runs: a repeat whose step speed (`metrics.step_speed`, its plain steps' seconds over the
-    model's) lies outside 1 ± HOST_SPEED_TOLERANCE of the repeats' median ran on a host whose speed
-    changed during it — which the probes before and after a run can miss — and is re-run (up to
+    engine (`clock` given: the simulator's step clock for `spec`, `Replay.step_clock`) the repeats must
+    also agree with each other inside their runs: a repeat whose step speed (`metrics.step_speed`, its
+    plain steps' seconds over the clock's) lies outside 1 ± HOST_SPEED_TOLERANCE of the repeats' median
+    ran on a host whose speed changed during it — which the probes before and after a run can miss — and
+    is re-run (up to
     QUIET["retries"] rounds); one still uneven after them counts as None, as does a run whose host
     stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host. `accounts`, when
     given, gets each repeat's `metrics.step_account` (None where its TPOT is None)."""
     requests = scaled_requests(replay.requests, scale)
     runs = [quiet_run(replay, spec, seed + r, requests) for r in range(repeats)]
-    speeds = [None if model is None else step_speed(rec.steps_frame(), model) for rec in runs]
+    def speed(records: Any) -> float | None:
+        return None if clock is None else step_speed(records.steps_frame(), records.requests_frame(), clock)
+
+    speeds = [speed(rec) for rec in runs]
     uneven = uneven_repeats(speeds, HOST_SPEED_TOLERANCE)
     log: dict[str, Any] = {"strategy": spec.name, "scale": scale, "speeds": [list(speeds)], "rerun": []}
-    for _ in range(QUIET["retries"] if model is not None else 0):
+    for _ in range(QUIET["retries"] if clock is not None else 0):
         if not uneven:
             break
         log["rerun"].append(uneven)
         time.sleep(QUIET_WAIT_S)
         for r in uneven:
             runs[r] = quiet_run(replay, spec, seed + r, requests)
-            speeds[r] = step_speed(runs[r].steps_frame(), model)  # type: ignore[arg-type]
+            speeds[r] = speed(runs[r])
         log["speeds"].append(list(speeds))
         uneven = uneven_repeats(speeds, HOST_SPEED_TOLERANCE)
-    if model is not None:
+    if clock is not None:
         log["kept_uneven"] = uneven
         REPEAT_LOG.append(log)
     out: list[float | None] = []
@@ -394,7 +399,7 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
             sim_runs, sim_steps = once(f"sim_tpot_{load}", s, lambda s=s, scale=scale: counted(
                 lambda out: tpot_runs(sim, s, scale, repeats, seed, accounts=out)))
             real_runs, real_steps = once(f"real_tpot_{load}", s, lambda s=s, scale=scale: counted(
-                lambda out: tpot_runs(real, s, scale, repeats, seed, model=sim.latency_model, accounts=out)))
+                lambda out: tpot_runs(real, s, scale, repeats, seed, clock=sim.step_clock(s), accounts=out)))
             tpot[name][load] = {"sim": bootstrap_ci(sim_runs, seed=seed), "real": bootstrap_ci(real_runs, seed=seed),
                                 "sim_runs": sim_runs, "real_runs": real_runs,
                                 # where each engine's per-token time went (metrics.step_account), repeats' median

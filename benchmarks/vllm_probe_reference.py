@@ -14,8 +14,8 @@ three generations of the profile's timed steps. Per (engine, batch): the median,
 profile's row at that shape (for the probe's batch, the row `speed_check.VllmSpeedReference` reads) and
 to the fit's target clock there; for the static-K engine also its draft time per step against the fit's
 price of K draft passes and a round (what `engines.sim` charges); for it and the plain engine the whole
-step against the simulator's clock and against the policies' linear model (`fit.latency_model`, the
-yardstick of `metrics.step_speed`).
+step against the simulator's clock (the yardstick of `metrics.step_speed` since this script's results)
+and against the policies' linear model (`fit.latency_model`, its yardstick before).
 
 Why (issue 16, docs/vllm.md, "Profile on vLLM"): in the vLLM fidelity runs the probe read SD replays at
 1.1-1.2x their profile while no-SD replays of the same runs read 0.9, and in every vLLM verdict run the SD
@@ -140,8 +140,8 @@ def measure(run_dir: Path, k: int, rounds: int) -> dict[str, Any]:
                 cell.update({"draft_rounds_s": drafts[batch], "draft_s": draft, "draft_fit_s": draft_price,
                              "draft_over_fit": draft / draft_price})
             if engine != "fixed-k":
-                # the whole step against the simulator's clock, and against the policies' linear model, which
-                # `metrics.step_speed` (the verdict's in-run step speeds) prices plain steps with
+                # the whole step against the simulator's clock (`metrics.step_speed`'s yardstick, the verdict's
+                # in-run step speeds), and against the policies' linear model (its yardstick before)
                 whole = measured + cell.get("draft_s", 0.0)
                 clock = (price or 0.0) + cell.get("draft_fit_s", 0.0)
                 policy = sd_step_time(fit.latency_model, [0 if engine == "plain" else k] * batch,

@@ -75,13 +75,13 @@ def test_a_repeat_slowed_inside_its_run_is_rerun_and_never_judges(monkeypatch):
     spec = load_preset("static-k2")
     clean = verdict.tpot_runs(sim, spec, 1.0, 3, seed=0)
     slowed = SlowedOnce(sim, seed=1)
-    assert verdict.tpot_runs(slowed, spec, 1.0, 3, seed=0, model=sim.latency_model) == clean
+    assert verdict.tpot_runs(slowed, spec, 1.0, 3, seed=0, clock=sim.step_clock(spec)) == clean
     assert slowed.calls == [0, 1, 2, 1]
     (cell,) = verdict.REPEAT_LOG
     assert cell["rerun"] == [[1]] and cell["kept_uneven"] == []
     # with no retries left the slowed repeat counts as unmeasured, not as a slow host
     monkeypatch.setitem(verdict.QUIET, "retries", 0)
-    assert verdict.tpot_runs(SlowedOnce(sim, seed=2), spec, 1.0, 3, seed=0, model=sim.latency_model) == [
+    assert verdict.tpot_runs(SlowedOnce(sim, seed=2), spec, 1.0, 3, seed=0, clock=sim.step_clock(spec)) == [
         clean[0], clean[1], None]
 
 def test_the_step_gap_carries_the_real_runs_prefill_probe():

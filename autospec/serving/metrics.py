@@ -40,13 +40,19 @@ itself: there is no spread to resample.
   continues the batch: on vLLM a recorded step misses the engine core's work between steps, which the
   profile (and so the simulator) counts.
 * step_speed = Σ measured / Σ predicted seconds over a replay's plain steps (no request admitted or
-  preempted in them), the prediction a fitted latency model's draft + verify time of the step's shape
-  (`latency.sd_step_time`). It is the host's speed *inside* the run on the run's own steps, where the
-  host-speed probe (`autospec.profile.HostSpeedCheck`) sees only before and after. Against the model it
-  mixes the model's error with the host's; between identical replays (same window, strategy and load)
-  the model's share is the same, so repeats whose step_speed differ by more than a tolerance ran on a
-  host whose speed changed (`uneven_repeats`). A sum, not a median: a slow spell over a third of the
-  run moves the run's TPOT, and must move this.
+  preempted in them), the prediction the simulator's step clock (`engines.base.StepClock`, what the
+  simulator charges that step: `Replay.step_clock`) for the step's requests at their contexts
+  (`step_contexts`) drafting what they drafted. It is the host's speed *inside* the run on the run's own
+  steps, where the host-speed probe (`autospec.profile.HostSpeedCheck`) sees only before and after.
+  Against the clock it mixes the simulator's error with the host's: on the simulator's own replay it is
+  1 to rounding on a vLLM profile (up to 4% over on a torch profile: the padded engine's first draft pass
+  re-feeds a lag the clock of hypothetical requests does not know), and on a real engine a strategy
+  whose steps the simulator under-prices reads above the others. Between identical replays (same
+  window, strategy and load) the clock's share is the same, so repeats whose step_speed differ by more
+  than a tolerance ran on a host whose speed changed (`uneven_repeats`). A sum, not a median: a slow
+  spell over a third of the run moves the run's TPOT, and must move this. (Until issue 16 it priced
+  with the policies' linear model, `latency.sd_step_time`, which has no draft-round term and no plain
+  engine's clock: SD steps read 1.1-1.2x that model where no-SD read ~1, on a quiet host.)
 * step_account = where a replay's per-token time goes, by kind of step, so a simulator-vs-engine TPOT gap
   can be traced to its cause: plain steps' mean seconds and mean batch, the tokens a request commits in
   one (acceptance: 1 for no-SD), and the share of steps that admit (prefill) with their mean seconds;
@@ -65,13 +71,13 @@ import numpy as np
 import pandas as pd
 
 from autospec.config import SloSpec
-from autospec.contract import LatencyModel
-from autospec.latency import sd_step_time
+from autospec.contract import StepClockFn
 from autospec.serving.records import flatten_steps
 
 __all__ = ["LATENCIES", "PERCENTILES", "Slo", "bootstrap_ci", "compute_metrics", "continues_batch",
            "inter_token_latencies", "latencies", "meets_slo", "per_position_acceptance", "per_request_latencies",
-           "sent_times", "step_account", "step_seconds", "step_speed", "summarize_repeats", "uneven_repeats"]
+           "sent_times", "step_account", "step_contexts", "step_seconds", "step_speed", "summarize_repeats",
+           "uneven_repeats"]
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -223,17 +229,33 @@ def step_seconds(steps: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(continues, following - start, end - start), index=steps.index)
 
 
-def step_speed(steps: pd.DataFrame, model: LatencyModel) -> float | None:
-    """Measured (`step_seconds`) over predicted seconds of a replay's plain steps (module docstring);
-    None without one. A step's batch context before it is its `kv_tokens` (after the step) less what it
-    committed."""
+def step_contexts(steps: pd.DataFrame, prompt_len: Mapping[Any, int]) -> list[np.ndarray]:
+    """Per step, each of its requests' KV tokens before it (in `req_ids` order): the prompt, the token
+    its prefill produced, and what it committed (`c`) in the steps before. A step's sum is its
+    `kv_tokens` less what it committed."""
+    done: dict[Any, int] = {}
+    out = []
+    for ids, committed in zip(steps["req_ids"], steps["c"]):
+        ids, committed = np.atleast_1d(ids).tolist(), np.atleast_1d(committed).tolist()
+        out.append(np.array([prompt_len[i] + 1 + done.get(i, 0) for i in ids], dtype=np.int64))
+        for i, c in zip(ids, committed):
+            done[i] = done.get(i, 0) + int(c)
+    return out
+
+
+def step_speed(steps: pd.DataFrame, requests: pd.DataFrame, clock: StepClockFn) -> float | None:
+    """Measured (`step_seconds`) over the step clock's seconds of a replay's plain steps (module
+    docstring); None without one. `requests`: the replay's requests frame (their prompt lengths)."""
     seconds = step_seconds(steps)
-    plain = steps[(steps["admitted"].fillna(0) == 0) & (steps["preempted"].fillna(0) == 0) & (steps["batch"] > 0)]
-    if plain.empty:
+    plain = (steps["admitted"].fillna(0) == 0) & (steps["preempted"].fillna(0) == 0) & (steps["batch"] > 0)
+    if not plain.any():
         return None
-    measured = float(seconds[plain.index].sum())
-    predicted = sum(sd_step_time(model, [int(k) for k in ks], float(kv - committed))
-                    for ks, kv, committed in zip(plain["k"], plain["kv_tokens"], plain["committed"]))
+    contexts = step_contexts(steps, dict(zip(requests["req_id"], requests["prompt_len"])))
+    rows = np.flatnonzero(plain.to_numpy())
+    measured = float(seconds.iloc[rows].sum())
+    predicted = 0.0
+    for i in rows:
+        predicted += clock(contexts[i].tolist(), np.atleast_1d(steps["k"].iloc[i]).astype(int).tolist())
     return measured / predicted if predicted > 0 else None
 
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
-from autospec.contract import LatencyModel
+from autospec.contract import LatencyModel, StepClockFn
 from autospec.engines.base import Engine
 from autospec.engines.sim import SimEngine
 from autospec.latency import FaserModels
@@ -121,6 +121,17 @@ class Replay:
     def settings(self, strategy: StrategySpec) -> StepSettings:
         return step_settings(strategy, k_max=self.k_max, temperature=self.temperature,
                              latency_model=self.latency_model, faser=self.faser, slo=self.slo)
+
+    def step_clock(self, strategy: StrategySpec) -> StepClockFn | None:
+        """What the simulator charges a plain step under `strategy` (`engines.base.StepClock`: its
+        clock, on the plain engine's for a strategy that never drafts, as the serving loop tells it), on
+        an engine of its own; None unless this replay runs on the simulator. `metrics.step_speed` prices
+        a real replay's steps with the simulator replay's clock."""
+        if not isinstance(self.probe, SimEngine):
+            return None
+        engine = cast(SimEngine, self.engine_for(0))  # a simulator replay's engines are its probe's class
+        engine.set_speculative(strategy.length.policy != "none")
+        return engine.step_time_s
 
     def run(self, strategy: StrategySpec, seed: int, *, on_finish: Callable | None = None,
             requests: list[ServeRequest] | None = None) -> ServeRecords:

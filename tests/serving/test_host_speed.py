@@ -20,7 +20,7 @@ from autospec.evaluate import EvaluateSpec, host_speed_summary, open_sim_replay,
 from autospec.profile import HOST_SPEED_TOLERANCE, HostSpeedCheck, off_profile
 from autospec.report.build import write_report
 from autospec.serving.factory import build_engine
-from autospec.serving.metrics import step_account, step_seconds, step_speed, uneven_repeats
+from autospec.serving.metrics import step_account, step_contexts, step_seconds, step_speed, uneven_repeats
 from autospec.strategy import load_preset
 from autospec.workloads.spec import load_workload
 
@@ -121,23 +121,45 @@ def test_step_speed_sees_a_slow_spell_inside_a_run_and_the_odd_repeat_out():
     the last third of the run moves the run's step speed by that third's share of the plain steps' time,
     and `uneven_repeats` singles out that repeat among identical ones."""
     sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(40), k_max=8, max_batch=8)
-    records = sim.run(load_preset("static-k2"), 0)
-    steps = records.steps_frame()
-    base = step_speed(steps, sim.latency_model)
-    assert base is not None and 0.5 < base < 2.0  # the simulator's steps against the fit it was built from
+    spec = load_preset("static-k2")
+    records = sim.run(spec, 0)
+    steps, requests = records.steps_frame(), records.requests_frame()
+    clock = sim.step_clock(spec)
+    base = step_speed(steps, requests, clock)
+    # the simulator's steps against its own clock: 1 but for the draft's lag, which a padded engine (the
+    # CI profile's torch engine) feeds and the clock of hypothetical requests does not know
+    assert base is not None and base == pytest.approx(1.0, rel=0.05)
     since = 2 * len(steps) // 3
     slow = slowed_records(records, 2.0, since).steps_frame()
     plain = (steps["admitted"] == 0) & (steps["preempted"] == 0)
     durations = steps["end_s"] - steps["start_s"]
     share = durations[plain & (steps["step"] >= since)].sum() / durations[plain].sum()
-    assert step_speed(slow, sim.latency_model) == pytest.approx(base * (1.0 + share))
-    assert uneven_repeats([base, base * 1.02, step_speed(slow, sim.latency_model)], HOST_SPEED_TOLERANCE) == [2]
+    assert step_speed(slow, requests, clock) == pytest.approx(base * (1.0 + share))
+    assert uneven_repeats([base, base * 1.02, step_speed(slow, requests, clock)], HOST_SPEED_TOLERANCE) == [2]
     # steps that admitted a request (prefill inside them on vLLM) do not count: the probe is the decode work
     admitting = steps.index[steps["admitted"] > 0]
     assert len(admitting) and len(admitting) < len(steps)
     stretched = steps.copy()
     stretched.loc[admitting, "end_s"] += 10.0
-    assert step_speed(stretched, sim.latency_model) == pytest.approx(base)
+    assert step_speed(stretched, requests, clock) == pytest.approx(base)
+
+
+def test_step_speed_prices_each_step_on_the_simulators_clock_for_its_strategy():
+    """Each step's requests at their own contexts (step_contexts: they add up to the step's KV before it),
+    priced by the clock the simulator charged them with: a no-SD replay's steps read 1 to rounding."""
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(40), k_max=8, max_batch=8)
+    no_sd = load_preset("no-sd")
+    records = sim.run(no_sd, 0)
+    steps, requests = records.steps_frame(), records.requests_frame()
+    contexts = step_contexts(steps, dict(zip(requests["req_id"], requests["prompt_len"])))
+    assert [int(c.sum()) for c in contexts] == (steps["kv_tokens"] - steps["committed"]).tolist()
+    assert step_speed(steps, requests, sim.step_clock(no_sd)) == pytest.approx(1.0, rel=2e-3)
+    # a strategy that never drafts is priced on the plain engine's clock (vLLM's profile has one; the CI
+    # profile's torch engine does not, so there both clocks are one), as the serving loop tells the simulator
+    assert sim.step_clock(no_sd).__self__._speculative is False
+    assert sim.step_clock(load_preset("static-k2")).__self__._speculative is True
+    # only the simulator has a clock to price with
+    assert dataclasses.replace(sim, probe=None).step_clock(no_sd) is None
 
 
 def test_uneven_repeats_needs_two_speeds_and_ignores_unknown_ones():

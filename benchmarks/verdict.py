@@ -215,12 +215,12 @@ def tpot_runs(replay: Replay, spec: StrategySpec, scale: float, repeats: int, se
     also agree with each other inside their runs: a repeat whose step speed (`metrics.step_speed`, its
     plain steps' seconds over the clock's) lies outside 1 ± HOST_SPEED_TOLERANCE of the repeats' median
     ran on a host whose speed changed during it — which the probes before and after a run can miss — and
-    is re-run (up to
-    QUIET["retries"] rounds); one still uneven after them counts as None, as does a run whose host
-    stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host. `accounts`, when
-    given, gets each repeat's `metrics.step_account` (None where its TPOT is None)."""
+    is re-run (up to QUIET["retries"] rounds); one still uneven after them counts as None, as does a run
+    whose host stayed off its profiled speed (`quiet_run`). Neither is a measurement of this host.
+    `accounts`, when given, gets each repeat's `metrics.step_account` (None where its TPOT is None)."""
     requests = scaled_requests(replay.requests, scale)
     runs = [quiet_run(replay, spec, seed + r, requests) for r in range(repeats)]
+
     def speed(records: Any) -> float | None:
         return None if clock is None else step_speed(records.steps_frame(), records.requests_frame(), clock)
 

@@ -50,6 +50,7 @@ class EvalSummaryShape(BaseModel):
     host_speed: dict[str, Any] | None = None
     shift: dict[str, Any] | None = None
     outside_profile: dict[str, Any] | None = None
+    host_load: dict[str, Any] | None = None  # a real engine's other-process CPU share (telemetry.HostLoadMeter)
 
 
 class TrialRecord(BaseModel):

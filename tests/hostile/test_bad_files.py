@@ -183,6 +183,7 @@ def test_a_profile_json_of_the_wrong_shape_is_refused(valid, tmp_path, capsys):
     ("engine", "torch", "engine"),
     ("workload", [1, 2], "workload"),
     ("findings", ["a"], "findings"),
+    ("host_load", 3, "host_load"),  # found by test_fuzz: the report's warning lines read it as an object
     ("strategies.static-k2.tpot_mean.mean", "fast", "tpot_mean"),
 ])
 def test_report_refuses_a_summary_of_the_wrong_shape(valid, tmp_path, capsys, key, value, needle):

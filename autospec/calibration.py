@@ -29,7 +29,7 @@ ACCEPTANCE_COLUMNS = ["prompt_id", "domain", "position", "target_token", "match_
 
 LATENCY_MODELS = ("draft", "target")
 # the pass kinds a profile times (profile.time_* and the vLLM runner's profile_latency)
-LATENCY_PHASES = ("decode", "decode_ragged", "decode_plain", "prefill", "round", "step")
+LATENCY_PHASES = ("decode", "decode_ragged", "decode_plain", "decode_drafting", "prefill", "round", "step")
 
 
 def _first_bad(problems: list[tuple[Any, str]], path: Path) -> None:
@@ -349,6 +349,11 @@ class FitModels(BaseModel):
     clock_draft_round: CoeffsRecord | None = None
     clock_draft_round_error: float | None = None
     draft_step_mape: float | None = None
+    # signed per-K errors of the vLLM clock (predicted / measured − 1), reported by `autospec fit`: the
+    # whole draft step (K passes + round) on the `step` rows, and the target clock on the draft_model
+    # engine's target side (`decode_drafting` rows); None when the profile has no such rows
+    draft_step_bias: dict[int, float] | None = None
+    drafting_target_bias: dict[int, float] | None = None
     piecewise: dict[str, PiecewiseRecord]
     piecewise_mape: dict[str, float]
     prefill: dict[Literal["draft", "target"], PrefillLine]

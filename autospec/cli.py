@@ -493,6 +493,11 @@ def _print_profile(result, out_dir: Path) -> None:
     out.print(f"profile written to {out_dir / 'profile'}")
 
 
+def _bias_cell(bias: dict[int, float]) -> str:
+    """A per-K signed error as one table cell: "K1 +12% · K2 −3%"."""
+    return " · ".join(f"K{k} {v:+.0%}" for k, v in sorted(bias.items()))
+
+
 @app.command()
 @fail_cleanly
 def fit(
@@ -518,6 +523,11 @@ def fit(
                       f"{models.clock_mape['target']:.1%}")
     if models.draft_step_mape is not None:  # a vLLM profile: K passes + the round, on its whole draft steps
         table.add_row("draft step MAPE (K passes + round, in-sample)", f"{models.draft_step_mape:.1%}", "")
+    # signed, per K: the vLLM clock's over- (+) or under-pricing of what the profile measured
+    if models.draft_step_bias:
+        table.add_row("draft step bias by K (clock / measured − 1)", _bias_cell(models.draft_step_bias), "")
+    if models.drafting_target_bias:
+        table.add_row("target on the draft_model engine, bias by K", "", _bias_cell(models.drafting_target_bias))
     table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",
                   f"{models.piecewise_mape['target']:.1%}")
     for name in ("draft", "target"):

@@ -10,7 +10,9 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
 * the simulator's clock: the same with the context counted once per pass (N_c = batch·context) plus
   λ·log2(N_b) + μ·[N_b ≥ 2] (latency.LinearCoeffs says why), same MAPE; and,
   when the profile has `decode_plain` rows (vLLM's plain engine, which serves no-SD), the target's
-  clock in that engine;
+  clock in that engine; on a vLLM profile also the draft round's clock and, reported only, the clock's
+  signed error per K on the whole draft steps and on the draft_model engine's target side
+  (`draft_step_bias`, `drafting_target_bias`: what the simulator does not price yet);
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
   split), same MAPE;
 * a prefill line per model, T = per_token·(batch·tokens) + fixed, from the prefill rows by the same
@@ -305,7 +307,45 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
     out["clock_draft_round"], out["clock_draft_round_error"], out["draft_step_mape"] = _draft_round_fit(
         latency, phase, out["clock"]["draft"], seed)
+    out["draft_step_bias"] = _draft_step_bias(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
+    out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock"]["target"])
     return out
+
+
+def _bias_by_tokens(tokens: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> dict[int, float]:
+    """Per value of `tokens`, the median over its rows of predicted / measured − 1 (signed: > 0 where the
+    clock over-prices)."""
+    ratio = predicted / measured - 1
+    return {int(k): float(np.median(ratio[tokens == k])) for k in np.unique(tokens)}
+
+
+def _draft_step_bias(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
+                     round_clock: LinearCoeffs | None) -> dict[int, float] | None:
+    """Per profiled K, how far the simulator's whole draft step (K passes + the round) sits from the
+    profile's `step` rows (a vLLM profile), signed: the line over K (latency_profile.draft_line) cannot
+    follow a draft step that is not linear in K, and `draft_step_mape` hides which K it over- and which it
+    under-prices. None without step rows."""
+    steps = latency[(latency["model"] == "draft") & (phase == "step")]
+    if not len(steps) or round_clock is None:
+        return None
+    b, k, c, t = (steps[name].to_numpy(float) for name in ("batch", "tokens", "context", "median_s"))
+    predicted = np.array([kk * draft_clock.forward(bb * cc, bb, bb) + round_clock.forward(bb * cc, bb)
+                          for bb, kk, cc in zip(b, k, c)])
+    return _bias_by_tokens(k, predicted, t)
+
+
+def _drafting_target_bias(latency: pd.DataFrame, phase: pd.Series,
+                          target_clock: LinearCoeffs) -> dict[int, float] | None:
+    """Per K, how far the simulator's target clock (fitted to the fixed-K engine's `decode` rows) sits
+    from the target's side of the draft_model engine's steps (`decode_drafting` rows, tokens = K + 1),
+    the engine a vLLM replay serves SD with; signed, keyed by K. Reported, not used by the simulator.
+    None without such rows (a torch profile, or a vLLM profile from before they were timed)."""
+    rows = latency[(latency["model"] == "target") & (phase == "decode_drafting")]
+    if not len(rows):
+        return None
+    b, s, c, t = (rows[name].to_numpy(float) for name in ("batch", "tokens", "context", "median_s"))
+    predicted = np.array([target_clock.forward(bb * cc, bb * ss, bb) for bb, ss, cc in zip(b, s, c)])
+    return _bias_by_tokens(s - 1, predicted, t)
 
 
 def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
@@ -610,6 +650,7 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
         clock_plain_mape=lat["clock_plain_mape"],
         clock_draft_round=asdict(lat["clock_draft_round"]) if lat["clock_draft_round"] is not None else None,
         clock_draft_round_error=lat["clock_draft_round_error"], draft_step_mape=lat["draft_step_mape"],
+        draft_step_bias=lat["draft_step_bias"], drafting_target_bias=lat["drafting_target_bias"],
         piecewise=lat["piecewise"],
         piecewise_mape=lat["piecewise_mape"],
         prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],

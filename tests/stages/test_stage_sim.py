@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from autospec.engines.base import GenRequest
 from autospec.errors import InputError
 from autospec.fit import FittedSimEngine as SimEngine
-from autospec.fit import fit_profile, write_fit
+from autospec.fit import fit_profile, load_fit, write_fit
 from autospec.serving.state import RequestState
 from autospec.serving.step import StepSettings, sd_step
 from autospec.strategy import build_strategy, load_preset, spec_from_dict
@@ -220,6 +221,42 @@ def test_a_zero_draft_round_row_is_a_valid_profile_row_and_a_zero_time_elsewhere
     write_parquet(path, frame)
     with pytest.raises(InputError, match="median_s"):
         read_latency_table(run)
+
+
+def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_from_it(tmp_path):
+    """`draft_step_bias` and `drafting_target_bias` (clock / measured − 1 per K): a draft step 25% over
+    the line at K = 1 reads −20% there and 0 at the other K; the draft_model engine's target side 10%
+    over the fixed-K clock reads 1/1.1 − 1 at every K. They are reported only: the fitted clocks and the
+    simulator's step price are those of the same profile without the new rows. A torch profile has
+    neither."""
+    from autospec.artifacts import read_parquet, write_parquet
+    from autospec.calibration import LATENCY_COLUMNS
+
+    run = write_synthetic_run(tmp_path / "vllm", engine="vllm", draft_round=(3e-7, 4e-4, 1e-3))
+    path = run / "profile" / "latency.parquet"
+    frame = read_parquet(path, LATENCY_COLUMNS)
+    plain_fit = fit_profile(run)
+    assert plain_fit.draft_step_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=1e-3)
+    assert plain_fit.drafting_target_bias is None  # no decode_drafting rows
+    a, g, d = TRUE["target"]
+    drafting = [{"model": "target", "phase": "decode_drafting", "batch": b, "tokens": k + 1, "context": c,
+                 "sm_split": np.nan, "median_s": 1.1 * (a * b * c + g * b * (k + 1) + d), "mad_s": 0.0, "repeats": 5}
+                for b in (1, 2, 4, 8) for c in (32, 128, 512) for k in (1, 2, 4)]
+    frame = pd.concat([frame, pd.DataFrame(drafting, columns=LATENCY_COLUMNS)], ignore_index=True)
+    frame.loc[(frame["phase"] == "step") & (frame["tokens"] == 1), "median_s"] *= 1.25
+    write_parquet(path, frame)
+    models = fit_profile(run)
+    assert models.draft_step_bias == pytest.approx({1: -0.2, 2: 0.0, 4: 0.0}, abs=1e-3)
+    assert models.drafting_target_bias == pytest.approx({k: 1 / 1.1 - 1 for k in (1, 2, 4)}, abs=1e-3)
+    assert models.clock == plain_fit.clock and models.clock_draft_round == plain_fit.clock_draft_round
+    write_fit(run, models)
+    assert load_fit(run).models.drafting_target_bias == models.drafting_target_bias  # round-trips (int keys)
+    sim = SimEngine.from_dirs(run)
+    assert sim.step_time_s([100, 60], [2, 2]) == pytest.approx(
+        SimEngine.from_dirs(write_synthetic_run(tmp_path / "same", engine="vllm", draft_round=(3e-7, 4e-4, 1e-3)))
+        .step_time_s([100, 60], [2, 2]), rel=1e-9)
+    torch_fit = fit_profile(write_synthetic_run(tmp_path / "torch"))
+    assert torch_fit.draft_step_bias is None and torch_fit.drafting_target_bias is None
 
 
 def _serve_two(sim, preset="static-k2", gap=0.05):

@@ -182,7 +182,8 @@ def test_evaluate_refuses_a_strategy_vllm_cannot_express(tmp_path):
 def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monkeypatch):
     """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive; the
     plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1; the
-    prefills timed in the passes, like the decode shapes."""
+    draft_model engine's target side as decode_drafting, tokens K + 1; the prefills timed in the passes,
+    like the decode shapes."""
     import numpy as np
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
@@ -233,6 +234,11 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
         if rounds[batch] > 0:
             for k, median in zip(at_batch["tokens"], at_batch["median_s"]):
                 assert median == pytest.approx(rounds[batch] + k * per_pass[batch], rel=1e-6)
+    # the target's side of the same draft_model engine steps: one row per step row, at tokens = K + 1
+    drafting = lat[lat["phase"] == "decode_drafting"]
+    assert set(drafting["model"]) == {"target"}
+    assert sorted(zip(drafting["batch"], drafting["tokens"], drafting["context"])) == \
+        sorted(zip(steps["batch"], steps["tokens"] + 1, steps["context"]))
     assert set(lat[lat["phase"] == "prefill"]["model"]) == {"target", "draft"}
     prefill = lat[lat["phase"] == "prefill"].set_index("model")["median_s"]
     assert 1e-5 < prefill["draft"] < prefill["target"]  # the draft's first forward pass, timed in vLLM

@@ -3,8 +3,8 @@
 
 Three offline engines, one after the other, each timed from the recording scheduler's step log
 (`autospec.serving.vllm.step_log`): a fixed-K engine (target decode and prefill), a draft_model engine
-(draft decode and prefill, from the worker's draft timer) and a plain engine (decode_plain, how vLLM
-serves no-SD). `profile_latency` states what each row measures.
+(draft decode and prefill, from the worker's draft timer, and the target's side of its steps) and a plain
+engine (decode_plain, how vLLM serves no-SD). `profile_latency` states what each row measures.
 
 vLLM is imported only inside the offline-engine helpers of `autospec.serving.vllm.engine`.
 """
@@ -72,6 +72,11 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
       over K splits it: draft decode (batch, 1, context) = the slope, what one more draft pass
       costs; draft round (batch, 1, context) = the intercept, what a round costs on top of its passes
       (>= 0). `autospec fit` fits the simulator's clock to each;
+    * target decode_drafting (batch, tokens = K + 1, context): the same draft_model engine steps' periods
+      less their draft time — the target's side of a step as a replay's engine serves it, beside the
+      fixed-K engine's `decode` rows the simulator's clock is fitted to. Not fitted: `autospec fit`
+      reports how far its target clock sits from them (fit.drafting_target_bias; docs/vllm.md, "Profile
+      on vLLM");
     * prefill (1, tokens, 0): the step that prefills one request of `tokens` tokens, less its draft
       time (target: fixed engine); draft: the draft_model engine's first draft forward pass in its
       prefill step (the draft's prefill of the prompt; the timer's forward hooks time each pass) —
@@ -163,8 +168,9 @@ class _VllmLatencyProfiler:
             close_llm(llm)
 
     def draft_engine_rows(self, draft: Path, target_prefill: dict[int, list[float]]) -> None:
-        """Draft step rows at every K of `draft_ks` and the decode and round rows of their line over K
-        (profile_latency), then per prompt length the target's and the draft's prefill rows, from a
+        """Draft step rows at every K of `draft_ks`, the target's decode_drafting rows of the same steps and
+        the draft's decode and round rows of their line over K (profile_latency), then per prompt length
+        the target's and the draft's prefill rows, from a
         draft_model engine whose K the fixed-K file sets step by step."""
         s = self.settings
         ks = draft_ks(s.k_max)
@@ -179,15 +185,15 @@ class _VllmLatencyProfiler:
             prefills = [(PREFILL, t) for t in s.prefill_tokens]
 
             def drafting(shape: tuple, timed: int) -> list:
-                """A decode shape's draft seconds per step; a prefill shape's logged prefill steps (their
-                draft prefill needs the line over K, known after the passes: draft_prefill)."""
+                """A decode shape's (outside, draft) seconds per step; a prefill shape's logged prefill steps
+                (their draft prefill needs the line over K, known after the passes: draft_prefill)."""
                 if shape[0] == PREFILL:
                     self.k_file.write_text(str(s.k_max))
                     return self.prefill_steps(llm, shape[1], timed)
                 context, batch, k = shape
                 self.k_file.write_text(str(k))
-                times = [draft_s for _, draft_s in self.decode_steps(llm, batch, context, timed, tokens_per_step=k + 1)]
-                if not all(times):
+                times = self.decode_steps(llm, batch, context, timed, tokens_per_step=k + 1)
+                if not all(draft_s for _, draft_s in times):
                     raise RuntimeError("vLLM's worker logged no draft time (scheduler.DraftTimer)")
                 return times
 
@@ -200,11 +206,12 @@ class _VllmLatencyProfiler:
                 for batch in s.batches:
                     medians = []
                     for k in ks:
-                        times = measured[(context, batch, k)]
+                        outside, times = zip(*measured[(context, batch, k)])
                         self.row("draft", "step", batch, k, context + self.mid, times)
+                        self.row("target", "decode_drafting", batch, k + 1, context + self.mid, outside)
                         medians.append(float(np.median(times)))
                     per_pass, per_round = draft_line(ks, medians)
-                    spread = self.rows[-1]["mad_s"] / ks[-1]  # the K_max steps' spread, per pass
+                    spread = mad(times) / ks[-1]  # the K_max steps' spread, per pass
                     self.row("draft", "decode", batch, 1, context + self.mid, [per_pass], mad_s=spread)
                     self.row("draft", "round", batch, 1, context + self.mid, [per_round], mad_s=spread)
                     if batch == min(s.batches) and not one_pass:

@@ -249,7 +249,13 @@ def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_fro
     assert models.draft_step_bias == pytest.approx({1: -0.2, 2: 0.0, 4: 0.0}, abs=1e-3)
     assert models.drafting_target_bias == pytest.approx({k: 1 / 1.1 - 1 for k in (1, 2, 4)}, abs=1e-3)
     assert models.clock == plain_fit.clock and models.clock_draft_round == plain_fit.clock_draft_round
-    write_fit(run, models)
+    from typer.testing import CliRunner
+
+    from autospec.cli import app
+
+    res = CliRunner().invoke(app, ["fit", str(run)], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    assert "K1 -20% · K2 " in res.output and "K1 -9% · K2 -9% · K4 -9%" in res.output  # signed, per K
     assert load_fit(run).models.drafting_target_bias == models.drafting_target_bias  # round-trips (int keys)
     sim = SimEngine.from_dirs(run)
     assert sim.step_time_s([100, 60], [2, 2]) == pytest.approx(

@@ -76,8 +76,10 @@ have one replay per probe, so only the probes guard them. Run it alone (the resu
 average at start and end). Cost on a quiet 2-core CPU, measured: the default's `autospec run` ~3 min and
 its torch replays ~23 min; the held-out trace's `autospec run` ~17 min and ~15 min of torch replays per
 capacity search (its arrivals are sparser, so a 60-request window lasts longer): ~2.5 h, which is why
-`--default-from` exists. `--quick` (for the test) reuses the committed CI profile, a 6-trial tune and
-tiny windows.
+`--default-from` exists. With the probe and the repeat rules (a later, faster VM of the same kind) the
+held-out part alone measured ~5 min of `autospec run`, ~10 min per capacity search and 11–24 min per
+strategy's TPOT cells (re-runs included): ~2.5 h by itself. `--quick` (for the test) reuses the
+committed CI profile, a 6-trial tune and tiny windows.
 """
 
 from __future__ import annotations

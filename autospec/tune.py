@@ -827,10 +827,15 @@ def _search(study, objective: Callable, spec: TuneSpec, n_trials: int,
         callbacks.append(lambda st, _t: progress(_counted(st), spec.trials))
     if n_trials <= 0:
         return False
+    if spec.time_budget_s is not None:
+        # the budget on the monotonic clock `tune` reports `search_s` with, not Optuna's `timeout`: that one
+        # reads the wall clock, which a VM's time sync can step, and once stopped a 1 s budget after 0.9
+        # monotonic seconds (`budget_spent` then read False with the trials unfinished)
+        start, budget = time.monotonic(), spec.time_budget_s
+        callbacks.append(lambda st, _t: st.stop() if time.monotonic() - start >= budget else None)
     with _stop_on_ctrl_c(study, callbacks) as stopped:
         try:
-            study.optimize(objective, n_trials=n_trials, timeout=spec.time_budget_s, callbacks=callbacks,
-                           catch=(InputError,))
+            study.optimize(objective, n_trials=n_trials, callbacks=callbacks, catch=(InputError,))
         except KeyboardInterrupt:  # a second Ctrl-C: Optuna failed the running trial; queue it again
             mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == WORKER]
             latest = max(mine, key=lambda t: t.number, default=None)

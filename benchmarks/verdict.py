@@ -56,6 +56,13 @@ but drop nothing (speed_check.py says why).
 `--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run
 and judges only the held-out trace.
 
+`--keep DIR` keeps the runs' directories and every finished real cell (a capacity search, one strategy's
+TPOT repeats at one load) in DIR (`Cells`: `default-cells.json`, `heldout-cells.json`); the same command
+on the same DIR reuses the finished `autospec run`s and resumes after the last kept cell, so a judgement
+longer than one sitting (the held-out trace's) can be finished in several. Each cell records when, on
+which host and at what load average it was measured (`real_cells` in the result); `wall_s` is this
+sitting's.
+
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
 one process moved from 11.1 to 13.3 ms mid-run with nothing else running (host CPU time taken by
@@ -152,12 +159,17 @@ seed = 0
 
 
 def autospec_run(config: dict[str, Any], out: Path) -> Path:
-    """`autospec run` on a config (a dict written as TOML) into `out`; its exit status checked."""
+    """`autospec run` on a config (a dict written as TOML) into `out`; its exit status checked. A finished
+    run already in `out` of the very same config (a `--keep` folder of a stopped verdict) is reused."""
     import tomli_w
 
-    out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.toml"
-    path.write_text(tomli_w.dumps(config), encoding="utf-8")
+    text = tomli_w.dumps(config)
+    if (out / "tune" / "summary.json").is_file() and path.is_file() and path.read_text(encoding="utf-8") == text:
+        print(f"reusing the finished run {out} (same config)")
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
     res = subprocess.run([sys.executable, "-m", "autospec", "run", str(path), "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True)
     if res.returncode != 0:
@@ -194,6 +206,64 @@ def quiet_run(replay: Replay, spec: StrategySpec, seed: int, requests: list) -> 
             return records
         time.sleep(QUIET_WAIT_S)
     raise AssertionError("unreachable")
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number JSON can hold (json.dumps' fallback)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+class Cells:
+    """The real engine's judged cells of one run (each capacity search and each strategy's TPOT repeats at
+    one load), written to `path` as each finishes, with the host-speed and repeat logs the cell added, so
+    that a stopped verdict resumes where it stopped (`--keep`): the held-out trace's real replays alone
+    take ~2.5 h on a 2-core VM, more than one sitting. A resumed cell is the measurement it was; every
+    real run in it was judged by the probes against the same profile as the runs after the resume, so
+    cells measured in different sittings are held to one host speed, and each cell records when, on
+    which host and at what load average it was measured. A file of other settings is refused, not mixed.
+    The simulator's cells are not kept: they are deterministic and take seconds."""
+
+    def __init__(self, path: Path | None, settings: dict[str, Any]):
+        self.path, self.settings = path, settings
+        self.cells: dict[str, dict[str, Any]] = {}
+        self.resumed: list[str] = []
+        if path is not None and path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise InputError(f"cannot read the kept cells: {exc}", path=path) from None
+            if not isinstance(data, dict) or data.get("settings") != settings:
+                raise InputError("kept cells of another verdict (other settings or run); delete the file or "
+                                 "use another --keep", path=path, field="settings")
+            self.cells = data.get("cells", {})
+
+    def get(self, key: str, label: str, measure) -> Any:
+        """The cell `key` as kept, else `measure()` kept (its result as JSON gives it back, so a fresh and a
+        resumed cell are the same values)."""
+        if key in self.cells:
+            cell = self.cells[key]
+            HOST_LOG.extend(cell["host_log"])
+            REPEAT_LOG.extend(cell["repeat_log"])
+            self.resumed.append(label)
+            return cell["result"]
+        hosts, repeats, t0 = len(HOST_LOG), len(REPEAT_LOG), time.perf_counter()
+        result = json.loads(json.dumps(measure(), default=_plain))
+        self.cells[key] = {"label": label, "result": result, "host_log": HOST_LOG[hosts:],
+                           "repeat_log": REPEAT_LOG[repeats:], "wall_s": round(time.perf_counter() - t0, 1),
+                           "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "host": os.uname().nodename, "load_average": list(os.getloadavg())}
+        if self.path is not None:
+            write_json(self.path, {"settings": self.settings, "cells": self.cells})
+        return result
+
+    def record(self) -> dict[str, Any]:
+        """What the result says of its cells: how many, which were resumed, and when and where each was
+        measured."""
+        return {"kept_in": None if self.path is None else str(self.path), "resumed": self.resumed,
+                "measured": {c["label"]: {k: c[k] for k in ("finished_at", "host", "wall_s", "load_average")}
+                             for c in self.cells.values()}}
 
 
 def real_capacity(real: Replay, spec: StrategySpec, start_scale: float, seed: int) -> dict[str, Any]:
@@ -345,8 +415,9 @@ def step_gap(sim: dict[str, Any] | None, real: dict[str, Any] | None) -> dict[st
 
 
 def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
-                   say=print) -> dict[str, Any]:
-    """Steps 2-5 of the module docstring on a finished `autospec run` directory."""
+                   say=print, keep_cells: Path | None = None) -> dict[str, Any]:
+    """Steps 2-5 of the module docstring on a finished `autospec run` directory; its real cells kept in
+    (and resumed from) `keep_cells` when given (`Cells`)."""
     run = load_run_spec(run_dir / "config.toml")
     slo = run.slo
     tuned = load_preset(run_dir / "tune" / "best.toml")
@@ -361,21 +432,24 @@ def verdict_of_run(run_dir: Path, window_requests: int, repeats: int, seed: int,
     else:
         real = open_torch_replay(window, run.pair, list(strategies.values()), profile=run_dir, k_max=sim.k_max,
                                  seed=seed, slo=slo, max_batch=run.max_batch, latency_model=sim.latency_model)
+    cells = Cells(keep_cells, {"run_dir": str(run_dir.resolve()), "engine": engine, "window": window_requests,
+                               "repeats": repeats, "seed": seed, "target": TARGET, "real_rel_tol": REAL_REL_TOL,
+                               "quiet": dict(QUIET), "tuned": tuned.model_dump(mode="json")})
     try:
-        return _judge(run_dir, run, engine, strategies, presets, tuned, sim, real, repeats, seed, say)
+        return _judge(run_dir, run, engine, strategies, presets, tuned, sim, real, repeats, seed, say, cells)
     finally:
         getattr(real, "close", lambda: None)()
 
 
 def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategySpec],
            presets: dict[str, StrategySpec], tuned: StrategySpec, sim: Replay, real: Any, repeats: int, seed: int,
-           say) -> dict[str, Any]:
-    cache: dict[tuple[str, str], Any] = {}  # (what, spec key) -> result: tuned may be a static K
+           say, cells: Cells) -> dict[str, Any]:
+    cache: dict[str, Any] = {}  # what + spec key -> result: tuned may be a static K
 
     def once(what: str, spec: StrategySpec, fn):
-        key = (what, spec_key(spec))
-        if key not in cache:
-            cache[key] = fn()
+        key = f"{what} {spec_key(spec)}"
+        if key not in cache:  # the real engine's cells are kept (Cells); the simulator's take seconds
+            cache[key] = cells.get(key, f"{what} {spec.name}", fn) if what.startswith("real_") else fn()
         return cache[key]
 
     sim_cap = {name: once("sim_cap", s, lambda s=s: replay_capacity(sim, s, seed, CapacitySpec(target=TARGET)))
@@ -460,6 +534,7 @@ def _judge(run_dir: Path, run: Any, engine: str, strategies: dict[str, StrategyS
         "ranks": {load: {"sim": ranks(load, "sim"), "real": ranks(load, "real")} for load in loads},
         "loads": loads,
         "tpot_mean_s": tpot,
+        "real_cells": cells.record(),
     }
 
 
@@ -538,7 +613,8 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
          quiet_retries: int = typer.Option(QUIET_RETRIES, "--quiet-retries", min=0,
                                            help="re-runs of a real run whose host ran off its profiled speed"),
          keep: Optional[Path] = typer.Option(None, "--keep", help="keep the runs' directories (default, heldout) "
-                                             "here instead of a temporary folder"),
+                                             "and each finished real cell here instead of a temporary folder; "
+                                             "a stopped verdict given the same --keep resumes"),
          default_from: Optional[Path] = typer.Option(None, "--default-from", help="take the default's figures "
                                                      "from this verdict JSON (judged on --run-dir) and judge only "
                                                      "the held-out trace")) -> None:
@@ -566,10 +642,14 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
         elif (run_engine := load_run_spec(run_dir / "config.toml").engine.kind) != engine:
             raise InputError(f"a run on the {run_engine} engine, not --engine {engine}", path=run_dir,
                              field="run-dir")
+        def kept(name: str) -> Path | None:
+            """Where a run's real cells are kept to resume from (with --keep; a temporary folder dies)."""
+            return None if keep is None else keep / f"{name}-cells.json"
+
         wall["default_run"] = round(time.perf_counter() - t0, 1)
         print(f"default run: {run_dir} ({wall['default_run']:.0f} s)")
         if default_from is None:
-            default = verdict_of_run(run_dir, window, repeats, seed)
+            default = verdict_of_run(run_dir, window, repeats, seed, keep_cells=kept("default"))
             wall["default_verdict"] = round(time.perf_counter() - t0 - wall["default_run"], 1)
         else:
             default, earlier_wall = earlier_default(default_from, run_dir, window, repeats, seed, quick)
@@ -603,7 +683,7 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
             workload.write_text(HELDOUT_WORKLOAD.format(trace=SHARED_TRACE.resolve()), encoding="utf-8")
             held_run = autospec_run({**base, "workload": str(workload), "profile": {"reuse": str(run_dir)}},
                                     tmp_dir / "heldout")
-            held = verdict_of_run(held_run, window, repeats, seed)
+            held = verdict_of_run(held_run, window, repeats, seed, keep_cells=kept("heldout"))
             held["workload"] = "../shared/data/azure_llm_2023_code.csv, minutes 40-45 (azure-code-heldout)"
             wall["heldout"] = round(time.perf_counter() - t1, 1)
             result = write(held, "measured (no goals)")

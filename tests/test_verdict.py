@@ -96,12 +96,16 @@ def test_the_step_gap_carries_the_real_runs_prefill_probe():
     assert verdict.step_gap(None, real) is None
 
 
+def _quick_verdict(out: Path, keep: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--quick", "--no-heldout",
+                           "--window", "6", "--repeats", "1", "--out", str(out), "--keep", str(keep), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
 @pytest.mark.slow
-def test_quick_run_writes_the_verdict_figures(tmp_path):
-    out = tmp_path / "verdict.json"
-    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verdict.py"), "--quick", "--no-heldout",
-                          "--window", "6", "--repeats", "1", "--out", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
+def test_quick_run_writes_the_verdict_figures_and_a_kept_run_resumes_its_real_cells(tmp_path):
+    out, keep = tmp_path / "verdict.json", tmp_path / "keep"
+    res = _quick_verdict(out, keep)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(out.read_text())
     default = data["default"]
@@ -143,6 +147,29 @@ def test_quick_run_writes_the_verdict_figures(tmp_path):
     # each real TPOT cell's repeats had their step speeds compared (tpot_runs); with no retries none re-run
     assert host["repeat_cells"] > 0 and host["repeats_rerun"] == 0 and len(host["repeat_log"]) == host["repeat_cells"]
     assert host["prefill_range"] is None and gap["probe_prefill_speed"] is None  # torch has no prefill probe
+    # every real cell was kept as it finished: 6 capacity searches (no-SD, static K 1-4, tuned) + 7 strategies x
+    # 2 loads, less tuned's where it is one of the presets (the same replays); none resumed in a fresh folder
+    cells = default["real_cells"]
+    assert cells["resumed"] == [] and cells["kept_in"] == str(keep / "default-cells.json")
+    same = default["tuned"]["same_as"]
+    searched_twice = any(name in ("no-sd", *verdict.STATIC) for name in same)
+    assert len(cells["measured"]) == 6 - searched_twice + 2 * (7 - bool(same))
+
+    # the same command on the same --keep reuses the finished run and every kept cell: no real replay runs
+    # again, and the figures and the host log are those of the first run
+    again = _quick_verdict(tmp_path / "again.json", keep)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing the finished run" in again.stdout
+    second = json.loads((tmp_path / "again.json").read_text())
+    assert sorted(second["default"]["real_cells"]["resumed"]) == sorted(cells["measured"])
+    for key in ("capacity_rps", "sim_real_tpot_err_max", "rank_agreement", "tpot_speedup"):
+        assert second[key] == data[key]
+    assert second["default"]["tpot_mean_s"] == default["tpot_mean_s"]
+    assert second["host_speed"] == host
+    # other settings on the same --keep are refused, not mixed with its cells
+    other = _quick_verdict(tmp_path / "other.json", keep, "--seed", "1")
+    assert other.returncode == 2 and "kept cells of another verdict" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1 and not (tmp_path / "other.json").exists()
 
 
 def test_a_run_dir_without_a_tune_summary_is_one_line_and_exit_2(tmp_path):

@@ -305,9 +305,13 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                                   (plain["batch"] * plain["tokens"]).to_numpy(float),
                                   plain["median_s"].to_numpy(float), plain["batch"].to_numpy(float)])
         out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
-    out["clock_draft_round"], out["clock_draft_round_error"], out["draft_step_mape"] = _draft_round_fit(
-        latency, phase, out["clock"]["draft"], seed)
-    out["draft_step_bias"] = _draft_step_bias(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
+    out["clock_draft_round"], out["clock_draft_round_error"] = _draft_round_fit(latency, phase, seed)
+    # the whole-step clock — K draft passes plus the round — on the `step` rows the two were split from
+    # (in-sample): its MAPE, and per K its signed error, which the MAPE hides (the line over K,
+    # latency_profile.draft_line, cannot follow a draft step that is not linear in K)
+    steps = _draft_steps_priced(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
+    out["draft_step_mape"] = None if steps is None else mape(steps[1], steps[2])
+    out["draft_step_bias"] = None if steps is None else _bias_by_tokens(*steps)
     out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock"]["target"])
     return out
 
@@ -319,19 +323,17 @@ def _bias_by_tokens(tokens: np.ndarray, predicted: np.ndarray, measured: np.ndar
     return {int(k): float(np.median(ratio[tokens == k])) for k in np.unique(tokens)}
 
 
-def _draft_step_bias(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
-                     round_clock: LinearCoeffs | None) -> dict[int, float] | None:
-    """Per profiled K, how far the simulator's whole draft step (K passes + the round) sits from the
-    profile's `step` rows (a vLLM profile), signed: the line over K (latency_profile.draft_line) cannot
-    follow a draft step that is not linear in K, and `draft_step_mape` hides which K it over- and which it
-    under-prices. None without step rows."""
+def _draft_steps_priced(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
+                        round_clock: LinearCoeffs | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The profile's draft `step` rows (a vLLM profile) as (K, the simulator's price of the whole step — K
+    draft passes plus the round —, the measured seconds). None without step rows or a round clock."""
     steps = latency[(latency["model"] == "draft") & (phase == "step")]
     if not len(steps) or round_clock is None:
         return None
     b, k, c, t = (steps[name].to_numpy(float) for name in ("batch", "tokens", "context", "median_s"))
     predicted = np.array([kk * draft_clock.forward(bb * cc, bb, bb) + round_clock.forward(bb * cc, bb)
                           for bb, kk, cc in zip(b, k, c)])
-    return _bias_by_tokens(k, predicted, t)
+    return k, predicted, t
 
 
 def _drafting_target_bias(latency: pd.DataFrame, phase: pd.Series,
@@ -348,15 +350,14 @@ def _drafting_target_bias(latency: pd.DataFrame, phase: pd.Series,
     return _bias_by_tokens(s - 1, predicted, t)
 
 
-def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
-                     seed: int) -> tuple[LinearCoeffs | None, float | None, float | None]:
-    """The draft round's clock from the profile's `round` rows (a vLLM profile), its k-fold error (mean
-    absolute error over the mean round time: a MAPE would be dominated by rounds near 0), and the MAPE
-    of the whole-step clock — K draft passes plus the round — on the `step` rows the two were split
-    from (in-sample). (None, None, None) without round rows."""
+def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series,
+                     seed: int) -> tuple[LinearCoeffs | None, float | None]:
+    """The draft round's clock from the profile's `round` rows (a vLLM profile) and its k-fold error (mean
+    absolute error over the mean round time: a MAPE would be dominated by rounds near 0). (None, None)
+    without round rows."""
     rows = latency[(latency["model"] == "draft") & (phase == "round")]
     if len(rows) < 5:
-        return None, None, None
+        return None, None
     b, c, t = (rows[k].to_numpy(float) for k in ("batch", "context", "median_s"))
     design = np.column_stack([b * c, b, t])
     # a round's cost can be ~0 at some shapes (the line's intercept held at 0): fit it in absolute
@@ -368,14 +369,7 @@ def _draft_round_fit(latency: pd.DataFrame, phase: pd.Series, draft_clock: Linea
         co = _nonnegative_linear(design[train])
         errors.extend(abs(co.forward(nc, nb) - s) for nc, nb, s in design[test])
     scale = float(np.mean(t)) or 1.0
-    steps = latency[(latency["model"] == "draft") & (phase == "step")]
-    step_mape = None
-    if len(steps):
-        sb, sk, sc, st = (steps[k].to_numpy(float) for k in ("batch", "tokens", "context", "median_s"))
-        predicted = [k * draft_clock.forward(bb * cc, bb, bb) + coeffs.forward(bb * cc, bb)
-                     for bb, k, cc in zip(sb, sk, sc)]
-        step_mape = mape(predicted, st)
-    return coeffs, float(np.mean(errors)) / scale, step_mape
+    return coeffs, float(np.mean(errors)) / scale
 
 
 def _nonnegative_linear(design: np.ndarray) -> LinearCoeffs:

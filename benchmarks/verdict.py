@@ -61,7 +61,8 @@ TPOT repeats at one load) in DIR (`Cells`: `default-cells.json`, `heldout-cells.
 on the same DIR reuses the finished `autospec run`s and resumes after the last kept cell, so a judgement
 longer than one sitting (the held-out trace's) can be finished in several. Each cell records when, on
 which host and at what load average it was measured (`real_cells` in the result); `wall_s` is this
-sitting's.
+sitting's. A kept cell with a run whose host stayed off its profiled speed through every retry is measured
+again, not resumed (`Cells.off_host`): the next sitting's host may run at the profile's speed.
 
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
@@ -229,6 +230,7 @@ class Cells:
         self.path, self.settings = path, settings
         self.cells: dict[str, dict[str, Any]] = {}
         self.resumed: list[str] = []
+        self.remeasured: list[str] = []  # kept cells measured again (off_host)
         if path is not None and path.is_file():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
@@ -239,10 +241,22 @@ class Cells:
                                  "use another --keep", path=path, field="settings")
             self.cells = data.get("cells", {})
 
+    def off_host(self, cell: dict[str, Any]) -> bool:
+        """Whether a kept cell has a real run whose host stayed off its profiled speed through every retry
+        (quiet_run). A TPOT cell drops such a run, a capacity search cannot (its probe's attainment is
+        the search's step), so a capacity measured on a slow host understates the engine. A stopped
+        verdict may resume on another day's host: such a cell is measured again rather than resumed
+        (`remeasured`). Not under `--quick`, which keeps disturbed runs anyway."""
+        retries = self.settings["quiet"]["retries"]
+        return bool(self.settings["quiet"]["drop"]) and any(
+            run["disturbed"] and run["attempt"] == retries for run in cell["host_log"])
+
     def get(self, key: str, label: str, measure) -> Any:
-        """The cell `key` as kept, else `measure()` kept (its result as JSON gives it back, so a fresh and a
-        resumed cell are the same values)."""
-        if key in self.cells:
+        """The cell `key` as kept (unless `off_host`), else `measure()` kept (its result as JSON gives it
+        back, so a fresh and a resumed cell are the same values)."""
+        if key in self.cells and self.off_host(self.cells[key]):
+            self.remeasured.append(label)
+        elif key in self.cells:
             cell = self.cells[key]
             HOST_LOG.extend(cell["host_log"])
             REPEAT_LOG.extend(cell["repeat_log"])
@@ -262,6 +276,7 @@ class Cells:
         """What the result says of its cells: how many, which were resumed, and when and where each was
         measured."""
         return {"kept_in": None if self.path is None else str(self.path), "resumed": self.resumed,
+                "remeasured": self.remeasured,
                 "measured": {c["label"]: {k: c[k] for k in ("finished_at", "host", "wall_s", "load_average")}
                              for c in self.cells.values()}}
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autospec.evaluate import open_sim_replay
@@ -83,6 +84,52 @@ def test_a_repeat_slowed_inside_its_run_is_rerun_and_never_judges(monkeypatch):
     monkeypatch.setitem(verdict.QUIET, "retries", 0)
     assert verdict.tpot_runs(SlowedOnce(sim, seed=2), spec, 1.0, 3, seed=0, clock=sim.step_clock(spec)) == [
         clean[0], clean[1], None]
+
+def test_kept_cells_resume_with_their_host_log_and_a_cell_measured_on_a_slow_host_is_measured_again(
+        tmp_path, monkeypatch):
+    """Cells: a finished cell is kept as it finishes; a second verdict on the same file resumes it (its
+    measure never runs) with the host log it added, except a cell one of whose runs stayed off the profiled
+    speed through every retry, which is measured again; a file of other settings is refused."""
+    from autospec.errors import InputError
+
+    monkeypatch.setattr(verdict, "HOST_LOG", [])
+    monkeypatch.setattr(verdict, "REPEAT_LOG", [])
+    path, settings = tmp_path / "cells.json", {"run_dir": "r", "quiet": {"retries": 1, "drop": True}}
+    calls = []
+
+    def measure(name: str, last_try_disturbed: bool):
+        def run():
+            calls.append(name)
+            verdict.HOST_LOG.append({"strategy": name, "attempt": 1, "ratios": [1.2 if last_try_disturbed else 1.0],
+                                     "disturbed": last_try_disturbed})
+            return {"rps": np.float64(2.5), "probes": [(1.0, 0.95)]}
+        return run
+
+    first = verdict.Cells(path, settings)
+    quiet = first.get("cap a", "real_cap a", measure("a", False))
+    first.get("cap b", "real_cap b", measure("b", True))
+    assert quiet == {"rps": 2.5, "probes": [[1.0, 0.95]]}  # as JSON gives it back, fresh or resumed
+    assert calls == ["a", "b"] and len(verdict.HOST_LOG) == 2
+
+    monkeypatch.setattr(verdict, "HOST_LOG", [])
+    again = verdict.Cells(path, settings)
+    assert again.get("cap a", "real_cap a", measure("a", False)) == quiet
+    again.get("cap b", "real_cap b", measure("b", False))
+    assert calls == ["a", "b", "b"]  # a resumed, b measured again
+    assert [run["strategy"] for run in verdict.HOST_LOG] == ["a", "b"]
+    record = again.record()
+    assert record["resumed"] == ["real_cap a"] and record["remeasured"] == ["real_cap b"]
+    assert set(record["measured"]) == {"real_cap a", "real_cap b"}
+    # b's new measurement replaced the slow one: a third sitting resumes both
+    third = verdict.Cells(path, settings)
+    third.get("cap b", "real_cap b", measure("b", True))
+    assert calls == ["a", "b", "b"] and third.resumed == ["real_cap b"]
+    # without the drop rule (--quick) a disturbed run is kept anyway, and so is its cell
+    assert not verdict.Cells(None, {**settings, "quiet": {"retries": 1, "drop": False}}).off_host(
+        {"host_log": [{"attempt": 1, "disturbed": True}]})
+    with pytest.raises(InputError, match="kept cells of another verdict"):
+        verdict.Cells(path, {**settings, "run_dir": "other"})
+
 
 def test_the_step_gap_carries_the_real_runs_prefill_probe():
     """sim / real − 1 per step_account figure, and beside them the real runs' prefill probe (vLLM's;

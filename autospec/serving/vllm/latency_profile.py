@@ -276,19 +276,26 @@ class _VllmLatencyProfiler:
 
     def decode_steps(self, llm, batch: int, context: int, timed: int,
                      tokens_per_step: int = 1) -> list[tuple[float, float]]:
-        """(outside, draft) seconds of `timed` full-batch decode steps of one generation, after its first
-        `warmup` (a step of an engine that drafts commits up to `tokens_per_step` tokens per request)."""
-        s = self.settings
+        """(outside, draft) seconds of `timed` full-batch decode steps of one generation of random
+        prompts, after its first `warmup` (a step of an engine that drafts commits up to `tokens_per_step`
+        tokens per request)."""
         prompts = self.rng.integers(1, self.vocab, (batch, context)).tolist()
+        return [split_step(step) for step in self.decode_step_rows(llm, prompts, timed, tokens_per_step)]
+
+    def decode_step_rows(self, llm, prompts: list[list[int]], timed: int, tokens_per_step: int = 1) -> list[dict]:
+        """The step-log rows of `timed` full-batch decode steps of one generation of `prompts`, after its
+        first `warmup` (`decode_steps`; random prompts, whose drafts the target rejects, are the profile's)."""
+        s = self.settings
         t0 = time.perf_counter()
         generate_tokens(llm, prompts, tokens_per_step * (s.warmup + timed + 2))
         # full-batch decode steps the engine went straight on from (their period is the step's cost)
         steps = [step for step in read_step_log(self.log, t0)
-                 if not any(step["first"]) and len(step["ids"]) == batch and step_period(step) is not None]
-        times = [split_step(step) for step in steps][s.warmup:s.warmup + timed]
-        if not times:
-            raise RuntimeError(f"vLLM ran no full decode step at batch {batch}, context {context}")
-        return times
+                 if not any(step["first"]) and len(step["ids"]) == len(prompts) and step_period(step) is not None]
+        steps = steps[s.warmup:s.warmup + timed]
+        if not steps:
+            raise RuntimeError(f"vLLM ran no full decode step at batch {len(prompts)}, "
+                               f"context {len(prompts[0])}")
+        return steps
 
     def prefill_steps(self, llm, tokens: int, timed: int) -> list[dict]:
         """The logged steps of `timed` prefills of one request of `tokens` tokens, one after the other,

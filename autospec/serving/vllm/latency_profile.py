@@ -284,7 +284,8 @@ class _VllmLatencyProfiler:
 
     def decode_step_rows(self, llm, prompts: list[list[int]], timed: int, tokens_per_step: int = 1) -> list[dict]:
         """The step-log rows of `timed` full-batch decode steps of one generation of `prompts`, after its
-        first `warmup` (`decode_steps`; random prompts, whose drafts the target rejects, are the profile's)."""
+        first `warmup` (`decode_steps` gives the profile's random prompts; benchmarks/vllm_engine_forms.py
+        also prompts the draft predicts)."""
         s = self.settings
         t0 = time.perf_counter()
         generate_tokens(llm, prompts, tokens_per_step * (s.warmup + timed + 2))

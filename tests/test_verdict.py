@@ -252,6 +252,17 @@ def test_a_run_dir_of_another_engine_or_a_bad_earlier_verdict_is_one_line_and_ex
     assert not (tmp_path / "v.json").exists()
 
 
+def test_the_heldout_run_reuses_the_default_profile_only_when_the_default_is_judged_in_the_same_sitting(tmp_path):
+    base = {"stages": ["profile", "fit", "tune"], "engine": {"kind": "vllm"}}
+    workload = tmp_path / "heldout.toml"
+    same_sitting = verdict.heldout_config(base, workload, tmp_path / "default")
+    assert same_sitting == {**base, "workload": str(workload), "profile": {"reuse": str(tmp_path / "default")}}
+    later = verdict.heldout_config(base, workload, None)  # --default-from: profiled in this sitting
+    assert later == {**base, "workload": str(workload)} and "profile" not in base
+    quick = {**base, "profile": {"reuse": "ci-profile"}}
+    assert verdict.heldout_config(quick, workload, None)["profile"] == {"reuse": "ci-profile"}
+
+
 def test_an_earlier_verdict_of_other_settings_or_another_run_is_refused(tmp_path):
     from autospec.errors import InputError
 

@@ -7,7 +7,7 @@ for `--seconds`. Each round is one "burst" of each.
     python benchmarks/vllm_prefill_drift.py [--seconds 240] [--prompt-tokens 512] [--repeats 5]
         [--spacing-s 60] [--out benchmarks/results/vllm_prefill_drift.json]
 
-Why (issue 16, docs/vllm.md, "Profile on vLLM": the verdict runs): the profile's target prefill slope moved
+Why (issue 16, docs/vllm.md, "The simulator against vLLM": the verdict runs): the profile's target prefill slope moved
 0.215-0.292 ms per token between vLLM profiles made on the same host, and the simulator's error on vLLM
 followed it. The profile then timed each prompt length's prefills in one burst, while it spread every
 decode shape over up to three generations far apart in time. This measures what that cost: each burst's median

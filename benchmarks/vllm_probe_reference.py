@@ -17,7 +17,7 @@ price of K draft passes and a round (what `engines.sim` charges); for it and the
 step against the simulator's clock (the yardstick of `metrics.step_speed` since this script's results)
 and against the policies' linear model (`fit.latency_model`, its yardstick before).
 
-Why (issue 16, docs/vllm.md, "Profile on vLLM"): in the vLLM fidelity runs the probe read SD replays at
+Why (issue 16, docs/vllm.md, "The simulator against vLLM"): in the vLLM fidelity runs the probe read SD replays at
 1.1-1.2x their profile while no-SD replays of the same runs read 0.9, and in every vLLM verdict run the SD
 cells' in-run step speeds read 1.06-1.40x the fit against no-SD's ~1; the simulator came out optimistic for
 SD and pessimistic for no-SD to match. That is the engines a replay runs pricing a step differently from

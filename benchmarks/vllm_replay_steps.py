@@ -14,7 +14,7 @@ replays on it, each bracketed by the host-speed probe. Per run: the plain steps'
 request at its own context, drafting what it drafted), that ratio per batch size, and the mean TPOT;
 on the simulator, one replay per strategy of the same requests (its step speed is 1 by construction).
 
-Why (issue 16, docs/vllm.md, "Profile on vLLM"): the verdict on vLLM found the simulator's mean-TPOT error
+Why (issue 16, docs/vllm.md, "The simulator against vLLM"): the verdict on vLLM found the simulator's mean-TPOT error
 growing with K (run i: no-SD +4.4%, static-k4 −12.6%) while the tokens committed per step agreed within
 1%, so the steps' seconds part. This says whether they part on every engine the strategy starts and at
 every batch size (a cost the profile does not see), or by engine and run (noise the verdict's repeats

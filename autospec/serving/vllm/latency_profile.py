@@ -44,7 +44,7 @@ PASSES = 3
 # prefill rows are spread over the passes too. The host's prefill speed drifts more than its decode step —
 # profiles of one host priced the target's prefill at 0.215-0.292 ms/token while its batch-1 decode step
 # moved 9.1-9.7 ms — and one burst of prefills stood for the host only to 9.2% at p90, three bursts a
-# minute apart to 4.3% (benchmarks/results/vllm_prefill_drift.json; docs/vllm.md, "Profile on vLLM").
+# minute apart to 4.3% (benchmarks/results/vllm_prefill_drift.json; docs/vllm.md, "The simulator against vLLM").
 PREFILL = "prefill"
 
 FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"

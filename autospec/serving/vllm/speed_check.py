@@ -19,8 +19,8 @@ without a vLLM profile, or without a profiled batch the replay's `max_batch` can
 
 Prefill is probed apart (`VllmSpeedReference.prefill_ratio`): the decode probe cannot see it, and the
 host's prefill speed drifts by itself — profiles of one host priced the target's prefill at 0.215-0.292
-ms/token while its batch-1 decode step moved only 9.1-9.7 ms (docs/vllm.md, "Profile
-on vLLM"). After the decode rounds the probe prefills one request of the profile's longest target
+ms/token while its batch-1 decode step moved only 9.1-9.7 ms (docs/vllm.md, "The
+simulator against vLLM"). After the decode rounds the probe prefills one request of the profile's longest target
 prefill row (`prefill_tokens`), one token out, PROBE_ROUNDS times; the median of those steps outside
 the draft (`step_log.split_step`, as the profile times its prefill rows) over that row's median is the
 prefill ratio, which the replay records as `ServeRecords.prefill_speed`. [chosen] It is reported, not a

@@ -1,0 +1,213 @@
+"""Whether vLLM runs a step dearer served online — through `AsyncLLM`, as a replay serves — than offline,
+through `LLM.generate`, as `autospec profile --engine vllm` times its rows: per strategy (no-SD and static
+K), full-batch decode steps at each batch size and one context on both serving forms of one engine
+configuration, the bundled pair, each step's period split by vLLM's worker into draft time and the rest
+(scheduler.DraftTimer, `step_log.split_step`).
+
+Forms (both from the EngineArgs `VllmReplayer.session` builds for the strategy: `engine_kwargs` with the
+recording scheduler, prefix caching off, the served max_model_len, max_num_seqs = the largest batch):
+* `offline` — `vllm.LLM` (`engine.make_llm`), the batch's prompts given to one `generate` call, as the
+  profile's `decode_step_rows` does;
+* `online` — `AsyncLLM`, the same prompts submitted together as concurrent `generate` streams with
+  `RequestOutputKind.FINAL_ONLY`, as a replay submits its requests (`VllmReplayer._generate`).
+Within a round both forms get the same random prompts (`--context` ids each) and the same output length
+(K + 1 tokens per step for `--warmup` + `--repeats`/`--rounds` + 2 steps); a step is timed when every
+prompt of the batch ran in it and none started (the profile's selection), after the first `--warmup`.
+
+    python benchmarks/vllm_serve_forms.py [--ks 1,2,4] [--batches 1,4,8] [--context 128] [--repeats 24]
+        [--rounds 4] [--warmup 3] [--out benchmarks/results/vllm_serve_forms.json]
+
+Why (issue 16; docs/vllm.md, "The simulator against vLLM"): replays priced on the simulator's clock read
+vLLM's plain steps at 0.88-0.95 of it for static K = 1 and 1.01-1.16 for K = 2-4 (verdict run j), while
+every row that clock is fitted to is timed offline. `benchmarks/vllm_engine_forms.py` ruled out the engine
+form and the acceptance, both offline; the serving form was the untested difference: an online engine's
+front end (its output handler, per-request bookkeeping) runs beside the engine core on the same 2 cores.
+Engines are started once per round and form, forms alternating (the order flips each round), so the host's
+drift falls on both alike; per cell the median over all rounds. Output per strategy and batch: each form's
+median period, draft and outside seconds and mean committed tokens, and online / offline of each; `summary`
+per strategy the median ratio over batches. No goal: a diagnostic. Run it alone on a quiet machine.
+
+[chosen] 4 rounds, as `vllm_engine_forms.py`: two engines of one configuration differ by more than one
+shape's repeats do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import OneLineParser, run, whole  # noqa: E402
+from vllm_engine_forms import PARTS, cell_medians, ratio, whole_list  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FORMS = ("offline", "online")
+
+
+def full_batch_steps(steps: list[dict], batch: int, warmup: int, timed: int) -> list[dict]:
+    """The step-log rows of `timed` steps in which all `batch` requests ran and none started (their
+    period is the step's cost), after the first `warmup` of them: the profile's `decode_step_rows`."""
+    from autospec.serving.vllm.step_log import step_period
+
+    full = [s for s in steps if not any(s["first"]) and len(s["ids"]) == batch and step_period(s) is not None]
+    return full[warmup:warmup + timed]
+
+
+async def serve_together(engine: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> None:
+    """`prompts` on an AsyncLLM as concurrent greedy streams, FINAL_ONLY, as a replay submits requests."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def one(i: int, prompt: list[int]) -> None:
+        async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"{tag}-{i}"):
+            pass
+
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def measure(ks: list[int], batches: list[int], context: int, repeats: int, rounds: int,
+            warmup: int) -> dict[tuple[str, str, int], list[dict]]:
+    """Per (form, strategy, batch): the step-log rows of every timed step over all rounds."""
+    from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.vllm.engine import (
+        close_llm,
+        config_vocab_size,
+        engine_kwargs,
+        generate_tokens,
+        make_llm,
+        require_vllm,
+        served_max_model_len,
+    )
+    from autospec.serving.vllm.replay import VllmReplayer
+    from autospec.serving.vllm.step_log import read_step_log
+    from autospec.strategy import load_preset
+
+    require_vllm()  # sets vLLM's environment before its first import
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    timed = -(-repeats // rounds)
+    strategies = {"no-sd": 0, **{f"static-k{k}": k for k in ks}}
+    replayer = VllmReplayer(BUNDLED_TARGET, BUNDLED_DRAFT, max_batch=max(batches))
+    rng = np.random.default_rng(0)
+    vocab = config_vocab_size(BUNDLED_TARGET)
+    steps: dict[tuple[str, str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="vllm_serve_forms_") as tmp:
+        log = Path(tmp) / "steps.jsonl"
+
+        def kwargs_for(name: str, k: int) -> dict[str, Any]:
+            longest = context + (k + 1) * (warmup + timed + 2) + 16
+            return engine_kwargs(BUNDLED_TARGET, replayer.config_for(load_preset(name)), max_num_seqs=max(batches),
+                                 seed=0, record_steps=log, max_model_len=served_max_model_len(BUNDLED_TARGET, longest),
+                                 enable_prefix_caching=False)
+
+        def offline(name: str, k: int, prompts: dict[int, list[list[int]]]) -> None:
+            llm = make_llm(kwargs_for(name, k))
+            try:
+                generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
+                for batch, rows in prompts.items():
+                    t0 = time.perf_counter()
+                    generate_tokens(llm, rows, (k + 1) * (warmup + timed + 2))
+                    steps.setdefault(("offline", name, batch), []).extend(
+                        full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
+            finally:
+                close_llm(llm)
+
+        def online(name: str, k: int, prompts: dict[int, list[list[int]]]) -> None:
+            loop = asyncio.new_event_loop()
+            try:
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs_for(name, k)))
+                try:
+                    loop.run_until_complete(serve_together(engine, [rng.integers(1, vocab, 16).tolist()], 4, "warmup"))
+                    for batch, rows in prompts.items():
+                        t0 = time.perf_counter()
+                        loop.run_until_complete(serve_together(engine, rows, (k + 1) * (warmup + timed + 2),
+                                                               f"b{batch}"))
+                        steps.setdefault(("online", name, batch), []).extend(
+                            full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
+                finally:
+                    engine.shutdown()
+                    loop.run_until_complete(asyncio.sleep(0))
+                    del engine
+            finally:
+                loop.close()
+
+        for round_ in range(rounds):
+            for name, k in strategies.items():
+                prompts = {batch: rng.integers(1, vocab, (batch, context)).tolist() for batch in batches}
+                order = (offline, online) if round_ % 2 == 0 else (online, offline)
+                for serve in order:
+                    serve(name, k, prompts)
+    missing = [key for key in ((f, n, b) for f in FORMS for n in strategies for b in batches) if not steps.get(key)]
+    if missing:
+        raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (form, strategy, batch)")
+    return steps
+
+
+def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str], batches: list[int]) -> dict[str, Any]:
+    """Per strategy and batch both forms' medians and online / offline of each; per strategy each ratio's
+    median over batches."""
+    per_strategy: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for name in strategies:
+        rows = {}
+        for batch in batches:
+            cells = {form: cell_medians(steps[(form, name, batch)]) for form in FORMS}
+            rows[str(batch)] = {"cells": cells, "online/offline": ratio(cells["online"], cells["offline"])}
+        per_strategy[name] = rows
+        summary[name] = {
+            "online/offline": {part: _median([r["online/offline"][part] for r in rows.values()]) for part in PARTS},
+            "committed": {form: float(np.median([r["cells"][form]["committed"] for r in rows.values()]))
+                          for form in FORMS}}
+    return {"per_strategy": per_strategy, "summary": summary}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def main() -> None:
+    ap = OneLineParser(description=__doc__)
+    ap.add_argument("--ks", type=whole_list(1, 16), default=[1, 2, 4], help="static Ks (no-SD is always measured)")
+    ap.add_argument("--batches", type=whole_list(1, 64), default=[1, 4, 8])
+    ap.add_argument("--context", type=whole(1, 2048), default=128, help="prompt tokens per request")
+    ap.add_argument("--repeats", type=whole(1, 200), default=24, help="timed steps per cell, over all rounds")
+    ap.add_argument("--rounds", type=whole(1, 10), default=4, help="times every engine is started, forms alternating")
+    ap.add_argument("--warmup", type=whole(0, 20), default=3, help="full-batch steps of each generation not timed")
+    ap.add_argument("--out", type=Path, default=RESULTS / "vllm_serve_forms.json")
+    args = ap.parse_args()
+
+    from autospec.artifacts import hardware_info, write_json
+    from autospec.config import SCHEMA_VERSION
+
+    load_at_start = os.getloadavg()
+    steps = measure(args.ks, args.batches, args.context, args.repeats, args.rounds, args.warmup)
+    strategies = ["no-sd", *(f"static-k{k}" for k in args.ks)]
+    result = {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_serve_forms", "ks": args.ks,
+              "batches": args.batches, "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
+              "warmup": args.warmup, **compare(steps, strategies, args.batches),
+              "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
+              "hardware": hardware_info()}
+    write_json(args.out, result)
+    for name, row in result["summary"].items():
+        r = row["online/offline"]
+        print(f"{name}: online/offline period {r['period_s']:.3f} outside {r['outside_s']:.3f} "
+              f"draft {r['draft_s'] if r['draft_s'] is None else round(r['draft_s'], 3)}; "
+              f"committed {row['committed']}")
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -28,7 +28,12 @@ median period, draft and outside seconds and mean committed tokens, and online /
 per strategy the median ratio over batches. No goal: a diagnostic. Run it alone on a quiet machine.
 
 [chosen] 4 rounds, as `vllm_engine_forms.py`: two engines of one configuration differ by more than one
-shape's repeats do.
+shape's repeats do (`round_period_s` in the result: each round's median period per cell).
+
+Measured (the committed result, 14 min; a first run before `round_period_s` agreed): no-SD's plain step
+0.93-0.97x online at every batch; SD engines' medians 1.08 / 1.05 / 0.98 at K = 1 / 2 / 4 (first run 0.99 /
+1.11 / 1.01) against rounds of one cell spreading up to 30% — the serving form is most of the simulator's
+over-pricing of no-SD replays, and not the K >= 2 steps' run over the clock (docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                                  seed=0, record_steps=log, max_model_len=served_max_model_len(BUNDLED_TARGET, longest),
                                  enable_prefix_caching=False)
 
-        def offline(name: str, k: int, prompts: dict[int, list[list[int]]]) -> None:
+        def offline(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
             llm = make_llm(kwargs_for(name, k))
             try:
                 generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
@@ -120,11 +125,12 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                     t0 = time.perf_counter()
                     generate_tokens(llm, rows, (k + 1) * (warmup + timed + 2))
                     steps.setdefault(("offline", name, batch), []).extend(
-                        full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
+                        {**row, "round": round_}
+                        for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
             finally:
                 close_llm(llm)
 
-        def online(name: str, k: int, prompts: dict[int, list[list[int]]]) -> None:
+        def online(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
             loop = asyncio.new_event_loop()
             try:
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs_for(name, k)))
@@ -135,7 +141,8 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                         loop.run_until_complete(serve_together(engine, rows, (k + 1) * (warmup + timed + 2),
                                                                f"b{batch}"))
                         steps.setdefault(("online", name, batch), []).extend(
-                            full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
+                            {**row, "round": round_}
+                            for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
                 finally:
                     engine.shutdown()
                     loop.run_until_complete(asyncio.sleep(0))
@@ -148,7 +155,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                 prompts = {batch: rng.integers(1, vocab, (batch, context)).tolist() for batch in batches}
                 order = (offline, online) if round_ % 2 == 0 else (online, offline)
                 for serve in order:
-                    serve(name, k, prompts)
+                    serve(name, k, prompts, round_)
     missing = [key for key in ((f, n, b) for f in FORMS for n in strategies for b in batches) if not steps.get(key)]
     if missing:
         raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (form, strategy, batch)")
@@ -163,7 +170,8 @@ def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str]
     for name in strategies:
         rows = {}
         for batch in batches:
-            cells = {form: cell_medians(steps[(form, name, batch)]) for form in FORMS}
+            cells = {form: {**cell_medians(steps[(form, name, batch)]),
+                            "round_period_s": round_periods(steps[(form, name, batch)])} for form in FORMS}
             rows[str(batch)] = {"cells": cells, "online/offline": ratio(cells["online"], cells["offline"])}
         per_strategy[name] = rows
         summary[name] = {
@@ -171,6 +179,16 @@ def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str]
             "committed": {form: float(np.median([r["cells"][form]["committed"] for r in rows.values()]))
                           for form in FORMS}}
     return {"per_strategy": per_strategy, "summary": summary}
+
+
+def round_periods(rows: list[dict]) -> list[float]:
+    """Each round's median step period (one engine's): how far engines of one configuration differ."""
+    from autospec.serving.vllm.step_log import split_step
+
+    by_round: dict[int, list[float]] = {}
+    for row in rows:
+        by_round.setdefault(row.get("round", 0), []).append(sum(split_step(row)))
+    return [float(np.median(by_round[r])) for r in sorted(by_round)]
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from autospec_testing import REPO, assert_bench_refuses, needs_vllm
-from benchmarks.vllm_serve_forms import compare, full_batch_steps
+from benchmarks.vllm_serve_forms import compare, full_batch_steps, round_periods
 
 
 def _step(i: int, ids: list[int], first: list[bool], period_s: float = 0.01, draft_s: float | None = None,
@@ -34,6 +34,12 @@ def test_only_steps_that_ran_the_whole_batch_and_started_none_are_timed_after_th
     assert full_batch_steps(steps, batch=2, warmup=5, timed=3) == [steps[7]]
 
 
+def test_each_rounds_median_period_is_reported_apart():
+    rows = [{**_step(10 * i, [0], [False], period_s=p), "round": r}
+            for i, (r, p) in enumerate([(1, 0.03), (0, 0.01), (0, 0.02), (1, 0.05), (0, 0.03)])]
+    assert round_periods(rows) == [pytest.approx(0.02), pytest.approx(0.04)]
+
+
 def _cell(period_s: float, draft_s: float | None, n: int = 3) -> list[dict]:
     return [_step(10 * i, [0, 1], [False, False], period_s=period_s, draft_s=draft_s, committed=[2, 1])
             for i in range(n)]
@@ -53,6 +59,7 @@ def test_online_over_offline_per_batch_and_its_median_over_batches():
     assert cell["cells"]["online"]["outside_s"] == pytest.approx(0.012 * 1.1)
     assert cell["online/offline"]["outside_s"] == pytest.approx(1.1)
     assert cell["online/offline"]["draft_s"] == pytest.approx(1.0)
+    assert cell["cells"]["offline"]["round_period_s"] == [pytest.approx(0.020)]  # one round (no "round" tag)
     summary = result["summary"]
     assert summary["static-k2"]["online/offline"]["outside_s"] == pytest.approx(1.1)  # the median, not 1.3
     assert summary["static-k2"]["committed"] == {"offline": 1.5, "online": 1.5}
@@ -83,7 +90,7 @@ def test_a_short_run_on_vllm_times_both_serving_forms_of_every_strategy(tmp_path
         cells = result["per_strategy"][name]["2"]["cells"]
         assert set(cells) == {"offline", "online"}
         for cell in cells.values():
-            assert cell["period_s"] > 0 and cell["steps"] >= 1
+            assert cell["period_s"] > 0 and cell["steps"] >= 1 and len(cell["round_period_s"]) == 1
             assert (cell["draft_s"] > 0) == (name != "no-sd") and 1 <= cell["committed"] <= 2
     assert set(result["summary"]) == {"no-sd", "static-k1"}
     assert result["summary"]["no-sd"]["online/offline"]["draft_s"] is None

@@ -162,22 +162,26 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
     return steps
 
 
-def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str], batches: list[int]) -> dict[str, Any]:
-    """Per strategy and batch both forms' medians and online / offline of each; per strategy each ratio's
-    median over batches."""
+def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str], batches: list[int],
+            kinds: tuple[str, str] = FORMS) -> dict[str, Any]:
+    """Per strategy and batch both kinds' cells (medians, each round's median period) and the second kind
+    over the first (`online/offline` here; benchmarks/vllm_ragged_steps.py's `ragged/uniform`); per
+    strategy each ratio's and the committed tokens' median over batches."""
+    base, other = kinds
+    name_of_ratio = f"{other}/{base}"
     per_strategy: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     for name in strategies:
         rows = {}
         for batch in batches:
-            cells = {form: {**cell_medians(steps[(form, name, batch)]),
-                            "round_period_s": round_periods(steps[(form, name, batch)])} for form in FORMS}
-            rows[str(batch)] = {"cells": cells, "online/offline": ratio(cells["online"], cells["offline"])}
+            cells = {kind: {**cell_medians(steps[(kind, name, batch)]),
+                            "round_period_s": round_periods(steps[(kind, name, batch)])} for kind in kinds}
+            rows[str(batch)] = {"cells": cells, name_of_ratio: ratio(cells[other], cells[base])}
         per_strategy[name] = rows
         summary[name] = {
-            "online/offline": {part: _median([r["online/offline"][part] for r in rows.values()]) for part in PARTS},
-            "committed": {form: float(np.median([r["cells"][form]["committed"] for r in rows.values()]))
-                          for form in FORMS}}
+            name_of_ratio: {part: _median([r[name_of_ratio][part] for r in rows.values()]) for part in PARTS},
+            "committed": {kind: float(np.median([r["cells"][kind]["committed"] for r in rows.values()]))
+                          for kind in kinds}}
     return {"per_strategy": per_strategy, "summary": summary}
 
 

@@ -34,7 +34,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import OneLineParser, run, whole  # noqa: E402
 from vllm_engine_forms import whole_list  # noqa: E402
-from vllm_serve_forms import compare, full_batch_steps  # noqa: E402
+from vllm_serve_forms import (  # noqa: E402
+    compare,
+    full_batch_steps,
+    generated_tokens,
+    replay_kwargs,
+    strategies_of,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("uniform", "ragged")
@@ -64,36 +70,22 @@ def prompt_lengths(batch: int, context: int, spread: float) -> dict[str, list[in
 def measure(ks: list[int], batches: list[int], context: int, spread: float, repeats: int, rounds: int,
             warmup: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (kind, strategy, batch): the step-log rows of every timed step over all rounds."""
-    from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
-    from autospec.serving.vllm.engine import (
-        close_llm,
-        config_vocab_size,
-        engine_kwargs,
-        generate_tokens,
-        make_llm,
-        require_vllm,
-        served_max_model_len,
-    )
-    from autospec.serving.vllm.replay import VllmReplayer
+    from autospec.models import BUNDLED_TARGET
+    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
-    from autospec.strategy import load_preset
 
     require_vllm()
     timed = -(-repeats // rounds)
-    strategies = {"no-sd": 0, **{f"static-k{k}": k for k in ks}}
-    replayer = VllmReplayer(BUNDLED_TARGET, BUNDLED_DRAFT, max_batch=max(batches))
+    strategies = strategies_of(ks)
     rng = np.random.default_rng(0)
     vocab = config_vocab_size(BUNDLED_TARGET)
-    longest = int(np.ceil(context * (1 + spread))) + batch_growth(max(ks, default=0), warmup, timed) + 16
+    longest = int(np.ceil(context * (1 + spread))) + generated_tokens(max(ks, default=0), warmup, timed) + 16
     steps: dict[tuple[str, str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="vllm_ragged_steps_") as tmp:
         log = Path(tmp) / "steps.jsonl"
         for round_ in range(rounds):
             for name, k in strategies.items():
-                llm = make_llm(engine_kwargs(BUNDLED_TARGET, replayer.config_for(load_preset(name)),
-                                             max_num_seqs=max(batches), seed=0, record_steps=log,
-                                             max_model_len=served_max_model_len(BUNDLED_TARGET, longest),
-                                             enable_prefix_caching=False))
+                llm = make_llm(replay_kwargs(name, max(batches), longest, log))
                 try:
                     generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
                     for batch in batches:
@@ -101,7 +93,7 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
                         for kind in (KINDS if round_ % 2 == 0 else KINDS[::-1]):
                             prompts = [rng.integers(1, vocab, n).tolist() for n in lengths[kind]]
                             t0 = time.perf_counter()
-                            generate_tokens(llm, prompts, batch_growth(k, warmup, timed))
+                            generate_tokens(llm, prompts, generated_tokens(k, warmup, timed))
                             steps.setdefault((kind, name, batch), []).extend(
                                 {**row, "round": round_}
                                 for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
@@ -111,11 +103,6 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
     if missing:
         raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (kind, strategy, batch)")
     return steps
-
-
-def batch_growth(k: int, warmup: int, timed: int) -> int:
-    """Tokens each request generates: K + 1 per step for the warm-up, the timed steps and two more."""
-    return (k + 1) * (warmup + timed + 2)
 
 
 def main() -> None:

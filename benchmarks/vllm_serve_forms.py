@@ -81,30 +81,43 @@ async def serve_together(engine: Any, prompts: list[list[int]], max_tokens: int,
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
 
+def strategies_of(ks: list[int]) -> dict[str, int]:
+    """The strategies timed, by name, with the K each drafts: no-SD and static K for each of `ks`."""
+    return {"no-sd": 0, **{f"static-k{k}": k for k in ks}}
+
+
+def generated_tokens(k: int, warmup: int, timed: int) -> int:
+    """Tokens each request generates: up to K + 1 a step for the warm-up, the timed steps and two more."""
+    return (k + 1) * (warmup + timed + 2)
+
+
+def replay_kwargs(name: str, max_batch: int, longest: int, log: Path) -> dict[str, Any]:
+    """The EngineArgs keywords a replay of strategy `name` starts its engine with (`VllmReplayer.session`:
+    the recording scheduler logging to `log`, prefix caching off, the served max_model_len for requests of
+    up to `longest` tokens), max_num_seqs = `max_batch`, the bundled pair."""
+    from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
+    from autospec.serving.vllm.engine import engine_kwargs, served_max_model_len
+    from autospec.serving.vllm.replay import VllmReplayer
+    from autospec.strategy import load_preset
+
+    cfg = VllmReplayer(BUNDLED_TARGET, BUNDLED_DRAFT, max_batch=max_batch).config_for(load_preset(name))
+    return engine_kwargs(BUNDLED_TARGET, cfg, max_num_seqs=max_batch, seed=0, record_steps=log,
+                         max_model_len=served_max_model_len(BUNDLED_TARGET, longest), enable_prefix_caching=False)
+
+
 def measure(ks: list[int], batches: list[int], context: int, repeats: int, rounds: int,
             warmup: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (form, strategy, batch): the step-log rows of every timed step over all rounds."""
-    from autospec.models import BUNDLED_DRAFT, BUNDLED_TARGET
-    from autospec.serving.vllm.engine import (
-        close_llm,
-        config_vocab_size,
-        engine_kwargs,
-        generate_tokens,
-        make_llm,
-        require_vllm,
-        served_max_model_len,
-    )
-    from autospec.serving.vllm.replay import VllmReplayer
+    from autospec.models import BUNDLED_TARGET
+    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
-    from autospec.strategy import load_preset
 
     require_vllm()  # sets vLLM's environment before its first import
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     timed = -(-repeats // rounds)
-    strategies = {"no-sd": 0, **{f"static-k{k}": k for k in ks}}
-    replayer = VllmReplayer(BUNDLED_TARGET, BUNDLED_DRAFT, max_batch=max(batches))
+    strategies = strategies_of(ks)
     rng = np.random.default_rng(0)
     vocab = config_vocab_size(BUNDLED_TARGET)
     steps: dict[tuple[str, str, int], list[dict]] = {}
@@ -112,10 +125,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
         log = Path(tmp) / "steps.jsonl"
 
         def kwargs_for(name: str, k: int) -> dict[str, Any]:
-            longest = context + (k + 1) * (warmup + timed + 2) + 16
-            return engine_kwargs(BUNDLED_TARGET, replayer.config_for(load_preset(name)), max_num_seqs=max(batches),
-                                 seed=0, record_steps=log, max_model_len=served_max_model_len(BUNDLED_TARGET, longest),
-                                 enable_prefix_caching=False)
+            return replay_kwargs(name, max(batches), context + generated_tokens(k, warmup, timed) + 16, log)
 
         def offline(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
             llm = make_llm(kwargs_for(name, k))
@@ -123,7 +133,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                 generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
                 for batch, rows in prompts.items():
                     t0 = time.perf_counter()
-                    generate_tokens(llm, rows, (k + 1) * (warmup + timed + 2))
+                    generate_tokens(llm, rows, generated_tokens(k, warmup, timed))
                     steps.setdefault(("offline", name, batch), []).extend(
                         {**row, "round": round_}
                         for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
@@ -138,7 +148,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                     loop.run_until_complete(serve_together(engine, [rng.integers(1, vocab, 16).tolist()], 4, "warmup"))
                     for batch, rows in prompts.items():
                         t0 = time.perf_counter()
-                        loop.run_until_complete(serve_together(engine, rows, (k + 1) * (warmup + timed + 2),
+                        loop.run_until_complete(serve_together(engine, rows, generated_tokens(k, warmup, timed),
                                                                f"b{batch}"))
                         steps.setdefault(("online", name, batch), []).extend(
                             {**row, "round": round_}

@@ -122,7 +122,7 @@ def main() -> None:
 
     load_at_start = os.getloadavg()
     steps = measure(args.ks, args.batches, args.context, args.spread, args.repeats, args.rounds, args.warmup)
-    strategies = ["no-sd", *(f"static-k{k}" for k in args.ks)]
+    strategies = list(strategies_of(args.ks))
     result = {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_ragged_steps", "ks": args.ks,
               "batches": args.batches, "context": args.context, "spread": args.spread,
               "prompt_lengths": {str(b): prompt_lengths(b, args.context, args.spread) for b in args.batches},

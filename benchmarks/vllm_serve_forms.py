@@ -226,7 +226,7 @@ def main() -> None:
 
     load_at_start = os.getloadavg()
     steps = measure(args.ks, args.batches, args.context, args.repeats, args.rounds, args.warmup)
-    strategies = ["no-sd", *(f"static-k{k}" for k in args.ks)]
+    strategies = list(strategies_of(args.ks))
     result = {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_serve_forms", "ks": args.ks,
               "batches": args.batches, "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
               "warmup": args.warmup, **compare(steps, strategies, args.batches),

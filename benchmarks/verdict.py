@@ -87,10 +87,11 @@ its torch replays ~23 min; the held-out trace's `autospec run` ~17 min and ~15 m
 capacity search (its arrivals are sparser, so a 60-request window lasts longer): ~2.5 h, which is why
 `--default-from` exists. With the probe and the repeat rules (a later, faster VM of the same kind) the
 held-out part alone measured ~5 min of `autospec run`, ~10 min per capacity search and 11–24 min per
-strategy's TPOT cells (re-runs included): ~2.5 h by itself — on a host 1.1-1.2x slower than the reused
-profile, where most runs were retried. With its own profile (`--default-from`, `heldout_config`) on a host
-at that profile's speed the held-out part took 46 min: `autospec run` 6 min, capacity searches 2-4.5 min,
-each strategy's TPOT cells 1.8-6.3 min (37 of 108 runs retried, 1 kept disturbed). `--quick` (for the
+strategy's TPOT cells (re-runs included): ~2.5 h by itself; a later sitting, whose host the probes read at
+1.1-1.2x the reused profile, took 53 min for five capacity searches, most runs retried. With its own
+profile (`--default-from`, `heldout_config`) on a host at that profile's speed the held-out part took 46
+min: `autospec run` 6 min, capacity searches 2-4.5 min, each strategy's TPOT cells 1.9-6.4 min (108 runs,
+37 tries off profile retried, 1 run kept disturbed). `--quick` (for the
 test) reuses the committed CI profile, a 6-trial tune and tiny windows.
 """
 
@@ -224,7 +225,7 @@ class Cells:
     """The real engine's judged cells of one run (each capacity search and each strategy's TPOT repeats at
     one load), written to `path` as each finishes, with the host-speed and repeat logs the cell added, so
     that a stopped verdict resumes where it stopped (`--keep`): the held-out trace's real replays alone
-    took 40 min to over 2.5 h on a 2-core VM, by how far the host ran from its profile. A resumed cell is
+    took 46 min on a 2-core VM at its profile's speed and ~2.5 h in earlier sittings. A resumed cell is
     the measurement it was; every real run in it was judged by the probes against the same profile as the
     runs after the resume, so cells measured in different sittings are held to one host speed, and each
     cell records when, on which host and at what load average it was measured. A file of other settings is

@@ -64,6 +64,26 @@ def test_a_drafting_probe_is_compared_with_the_target_row_at_k_plus_one(referenc
     assert reference.ratio(warm + noise + timed) == pytest.approx(1.5)
 
 
+def test_a_drafting_probe_is_compared_with_the_drafting_engines_rows_where_the_profile_has_them(reference):
+    """A profile with decode_drafting rows (the draft_model engine's target side, at K + 1 for a few K):
+    a drafting probe reads against them, interpolated over tokens at the nearest profiled context, not
+    against the fixed-K engine's decode rows; a plain probe still reads against decode_plain."""
+    base = reference.rows.iloc[0].to_dict()
+    drafting = pd.DataFrame([{**base, "phase": "decode_drafting", "tokens": tokens, "context": context,
+                              "median_s": median_s}
+                             for context, scale in ((120, 1.0), (500, 3.0))  # 120 is the nearest to 128
+                             for tokens, median_s in ((2, 0.010 * scale), (3, 0.012 * scale), (5, 0.020 * scale))])
+    with_rows = VllmSpeedReference(pd.concat([reference.rows, drafting], ignore_index=True), reference.batch,
+                                   reference.context)
+    assert with_rows.reference_s(True, 3) == pytest.approx(0.012)
+    assert with_rows.reference_s(True, 4) == pytest.approx(0.016)  # K = 3: between the K = 2 and K = 4 rows
+    assert with_rows.reference_s(False, 1) == pytest.approx(row(reference, "decode_plain", 1))
+    timed = [step(4, 3, 1.25 * 0.016 + 0.004, 0.004)] * (WARMUP_STEPS + 4)
+    assert with_rows.ratio(timed) == pytest.approx(1.25)
+    # the same probe against a profile without them: the fixed-K engine's row at K + 1
+    assert reference.ratio(timed) == pytest.approx(1.25 * 0.016 / row(reference, "decode", 4))
+
+
 def test_every_probe_round_has_its_own_untimed_warm_up(reference):
     """PROBE_ROUNDS rounds, one after the other: each starts with its prefill step, and each round's first
     WARMUP_STEPS full steps are untimed (a second round's warm-up once counted as timed)."""

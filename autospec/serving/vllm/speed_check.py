@@ -6,9 +6,10 @@ prompt tokens at once, `PROBE_TOKENS` tokens each, `PROBE_ROUNDS` times (`VllmRe
 scheduler's step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
 step (its period, `step_log.step_period`, as the profile times it) outside the draft proposals — the
 target's pass and vLLM's per-step work, what the vLLM profile's target rows measure
-(`latency_profile.profile_latency`): `decode` at tokens = k + 1 on an engine that drafts, `decode_plain`
-on one that does not. Their median over the profile's row at the nearest shape (batch, tokens, context)
-is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The replay records [before, after]
+(`latency_profile.profile_latency`): on an engine that drafts, `decode_drafting` at tokens = k + 1 (the
+same engine form; `decode`, the fixed-K engine's, in an older profile), `decode_plain` on one that does
+not (`VllmSpeedReference.reference_s`). Their median over the profile's row at the nearest shape (batch,
+tokens, context) is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The replay records [before, after]
 as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they read the torch engine's (a
 ratio outside 1 ± tolerance marks the run disturbed).
 
@@ -77,7 +78,7 @@ class VllmSpeedReference:
         target = every[every["model"] == "target"]
         prefill = target[(target["phase"] == "prefill") & (target["batch"] == 1)]
         longest = prefill.loc[prefill["tokens"].idxmax()] if not prefill.empty else None
-        rows = target[target["phase"].isin(["decode", "decode_plain"])]
+        rows = target[target["phase"].isin(["decode", "decode_drafting", "decode_plain"])]
         batches = [int(b) for b in rows["batch"].unique() if b <= max_batch]
         if not batches:
             return None
@@ -107,14 +108,27 @@ class VllmSpeedReference:
         periods = [cast(float, step_period(s)) - float(s.get("d") or 0.0)  # `full` steps all have one
                    for s, step_k in zip(full, ks) if step_k == k]
         measured = float(np.median(periods))
-        phase = "decode" if drafting else "decode_plain"
-        rows = self.rows[self.rows["phase"] == phase]
-        if rows.empty:
+        reference = self.reference_s(drafting, k + 1 if drafting else 1)
+        return None if reference is None else measured / reference
+
+    def reference_s(self, drafting: bool, tokens: int) -> float | None:
+        """The profile's target step outside the draft that a probe step of `tokens` tokens per request is
+        compared with: at the profiled context nearest the probe's, the row of the engine form the probe ran
+        on — `decode_plain` for a plain engine; for one that drafts, `decode_drafting` (the target's side of
+        a draft_model engine's steps, the form a replay serves SD with; its rows are at K + 1 for the
+        profile's few K, so interpolated over tokens), or `decode` (the fixed-K engine's, every K) in a
+        profile without those rows. [why] A draft_model engine's target side ran 0.89-1.33x the fixed-K
+        engine's row of the same shape (per cell of one profile; 5-9% dearer by the fit's
+        drafting_target_bias), and against the fixed-K rows a quiet host's SD probes read 1.13-1.22 while
+        its no-SD probes read 0.89-0.94 (docs/vllm.md, "The simulator against vLLM"): SD runs were flagged
+        off profile for their reference, not the host. None without a row of the form."""
+        phases = ["decode_drafting", "decode"] if drafting else ["decode_plain"]
+        rows = next((r for r in (self.rows[self.rows["phase"] == p] for p in phases) if not r.empty), None)
+        if rows is None:
             return None
-        tokens = k + 1 if drafting else 1
-        rows = rows[rows["tokens"] == min(rows["tokens"].unique(), key=lambda t: abs(t - tokens))]
-        row = rows.iloc[int(np.argmin(np.abs(rows["context"].to_numpy() - self.context)))]
-        return measured / float(row["median_s"])
+        contexts = rows["context"].to_numpy()
+        at = rows[contexts == contexts[int(np.argmin(np.abs(contexts - self.context)))]].sort_values("tokens")
+        return float(np.interp(tokens, at["tokens"].to_numpy(float), at["median_s"].to_numpy(float)))
 
     def prefill_ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
         """The prefill probe's median step time outside the draft over the profile's target prefill row

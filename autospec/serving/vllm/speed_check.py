@@ -9,8 +9,8 @@ target's pass and vLLM's per-step work, what the vLLM profile's target rows meas
 (`latency_profile.profile_latency`): on an engine that drafts, `decode_drafting` at tokens = k + 1 (the
 same engine form; `decode`, the fixed-K engine's, in an older profile), `decode_plain` on one that does
 not (`VllmSpeedReference.reference_s`). Their median over the profile's row at the nearest shape (batch,
-tokens, context) is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The replay records [before, after]
-as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they read the torch engine's (a
+tokens, context) is the ratio: 1.0 = as profiled, 1.5 = every step half as long again. The replay records
+[before, after] as `ServeRecords.host_speed`, which evaluate, confirm and gate read as they read the torch engine's (a
 ratio outside 1 ± tolerance marks the run disturbed).
 
 The shape is the one the torch check uses (`HOST_SPEED_SHAPE`, passed in by the caller: a batch of 8 at

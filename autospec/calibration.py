@@ -342,6 +342,12 @@ class FitModels(BaseModel):
     # None when the profile has none (the torch engine's pass is the same either way)
     clock_plain: CoeffsRecord | None = None
     clock_plain_mape: float | None = None
+    # the target's clock in the engine that drafts, from `decode_drafting` profile rows (vLLM's
+    # draft_model engine, which a replay serves SD with; its target side ran 5-9% over the fixed-K
+    # engine's `decode` rows that `clock` is fitted to); it prices SD steps' multi-token target passes.
+    # None when the profile has too few (torch: a replay runs the engine the profile timed)
+    clock_drafting: CoeffsRecord | None = None
+    clock_drafting_mape: float | None = None
     # what a drafting round costs on top of its draft passes, from `round` profile rows (vLLM's proposer:
     # its first pass re-feeds every verified token, and it works outside the passes); None when the
     # profile has none (the torch engine: a round is its passes). `draft_step_mape`: the clock's error
@@ -349,9 +355,10 @@ class FitModels(BaseModel):
     clock_draft_round: CoeffsRecord | None = None
     clock_draft_round_error: float | None = None
     draft_step_mape: float | None = None
-    # signed per-K errors of the vLLM clock (predicted / measured − 1), reported by `autospec fit`: the
-    # whole draft step (K passes + round) on the `step` rows, and the target clock on the draft_model
-    # engine's target side (`decode_drafting` rows); None when the profile has no such rows
+    # signed per-K errors of the vLLM clocks (predicted / measured − 1), reported by `autospec fit`: the
+    # whole draft step (K passes + round) on the `step` rows, and the target clock that prices SD steps
+    # (`clock_drafting`) on the draft_model engine's target side (`decode_drafting` rows); None when the
+    # profile has no such rows
     draft_step_bias: dict[int, float] | None = None
     drafting_target_bias: dict[int, float] | None = None
     piecewise: dict[str, PiecewiseRecord]

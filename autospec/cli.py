@@ -526,6 +526,8 @@ def fit(
     # signed, per K: the vLLM clock's over- (+) or under-pricing of what the profile measured
     if models.draft_step_bias:
         table.add_row("draft step bias by K (clock / measured − 1)", _bias_cell(models.draft_step_bias), "")
+    if models.clock_drafting_mape is not None:  # a vLLM profile: the target's side of draft_model engine steps
+        table.add_row("target clock on the draft_model engine MAPE", "", f"{models.clock_drafting_mape:.1%}")
     if models.drafting_target_bias:
         table.add_row("target on the draft_model engine, bias by K", "", _bias_cell(models.drafting_target_bias))
     table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",

@@ -10,9 +10,11 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
 * the simulator's clock: the same with the context counted once per pass (N_c = batch·context) plus
   λ·log2(N_b) + μ·[N_b ≥ 2] (latency.LinearCoeffs says why), same MAPE; and,
   when the profile has `decode_plain` rows (vLLM's plain engine, which serves no-SD), the target's
-  clock in that engine; on a vLLM profile also the draft round's clock and, reported only, the clock's
+  clock in that engine; when it has `decode_drafting` rows (vLLM's draft_model engine, which serves
+  SD), the target's clock in that engine, which prices every SD step's multi-token target pass
+  (`clock_drafting`); on a vLLM profile also the draft round's clock and, reported only, the clocks'
   signed error per K on the whole draft steps and on the draft_model engine's target side
-  (`draft_step_bias`, `drafting_target_bias`: what the simulator does not price yet);
+  (`draft_step_bias`, `drafting_target_bias`: the first is what the simulator does not price yet);
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
   split), same MAPE;
 * a prefill line per model, T = per_token·(batch·tokens) + fixed, from the prefill rows by the same
@@ -103,6 +105,11 @@ class FitResult:
     def plain_target_clock(self) -> LinearCoeffs | None:
         """FitModels.clock_plain as coefficients (None when the profile had no plain-engine rows)."""
         return self.models.clock_plain.coeffs() if self.models.clock_plain else None
+
+    @property
+    def drafting_target_clock(self) -> LinearCoeffs | None:
+        """FitModels.clock_drafting as coefficients (None when the profile had no decode_drafting rows)."""
+        return self.models.clock_drafting.coeffs() if self.models.clock_drafting else None
 
     @property
     def draft_round_clock(self) -> LinearCoeffs | None:
@@ -305,6 +312,16 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                                   (plain["batch"] * plain["tokens"]).to_numpy(float),
                                   plain["median_s"].to_numpy(float), plain["batch"].to_numpy(float)])
         out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
+    # the target's clock on the engine that drafts (vLLM's draft_model engine, which a replay serves SD
+    # with), from its `decode_drafting` rows: the fixed-K engine's `decode` rows, which `clock` is fitted
+    # to, ran 5-9% under those steps at K >= 2 (docs/vllm.md, "Profile on vLLM")
+    drafting = latency[(latency["model"] == "target") & (phase == "decode_drafting")]
+    out["clock_drafting"], out["clock_drafting_mape"] = None, None
+    if len(drafting) >= 5:
+        design = np.column_stack([(drafting["batch"] * drafting["context"]).to_numpy(float),
+                                  (drafting["batch"] * drafting["tokens"]).to_numpy(float),
+                                  drafting["median_s"].to_numpy(float), drafting["batch"].to_numpy(float)])
+        out["clock_drafting"], out["clock_drafting_mape"] = _linear_with_cv(design, True, seed)
     out["clock_draft_round"], out["clock_draft_round_error"] = _draft_round_fit(latency, phase, seed)
     # the whole-step clock — K draft passes plus the round — on the `step` rows the two were split from
     # (in-sample): its MAPE, and per K its signed error, which the MAPE hides (the line over K,
@@ -312,7 +329,7 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
     steps = _draft_steps_priced(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
     out["draft_step_mape"] = None if steps is None else mape(steps[1], steps[2])
     out["draft_step_bias"] = None if steps is None else _bias_by_tokens(*steps)
-    out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock"]["target"])
+    out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock_drafting"] or out["clock"]["target"])
     return out
 
 
@@ -338,10 +355,11 @@ def _draft_steps_priced(latency: pd.DataFrame, phase: pd.Series, draft_clock: Li
 
 def _drafting_target_bias(latency: pd.DataFrame, phase: pd.Series,
                           target_clock: LinearCoeffs) -> dict[int, float] | None:
-    """Per K, how far the simulator's target clock (fitted to the fixed-K engine's `decode` rows) sits
+    """Per K, how far `target_clock` — the clock the simulator prices those steps with: `clock_drafting`,
+    fitted to these rows, or the fixed-K engine's clock when there are too few of them to fit — sits
     from the target's side of the draft_model engine's steps (`decode_drafting` rows, tokens = K + 1),
-    the engine a vLLM replay serves SD with; signed, keyed by K. Reported, not used by the simulator.
-    None without such rows (a torch profile, or a vLLM profile from before they were timed)."""
+    the engine a vLLM replay serves SD with; signed, keyed by K: what one line over the rows leaves per
+    K. None without such rows (a torch profile, or a vLLM profile from before they were timed)."""
     rows = latency[(latency["model"] == "target") & (phase == "decode_drafting")]
     if not len(rows):
         return None
@@ -642,6 +660,8 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
         clock_mape=lat["clock_mape"],
         clock_plain=asdict(lat["clock_plain"]) if lat["clock_plain"] is not None else None,
         clock_plain_mape=lat["clock_plain_mape"],
+        clock_drafting=asdict(lat["clock_drafting"]) if lat["clock_drafting"] is not None else None,
+        clock_drafting_mape=lat["clock_drafting_mape"],
         clock_draft_round=asdict(lat["clock_draft_round"]) if lat["clock_draft_round"] is not None else None,
         clock_draft_round_error=lat["clock_draft_round_error"], draft_step_mape=lat["draft_step_mape"],
         draft_step_bias=lat["draft_step_bias"], drafting_target_bias=lat["drafting_target_bias"],
@@ -699,12 +719,13 @@ def profiled_engine(run_dir: Path) -> str:
 
 def sim_costs(fit: FitResult) -> SimCosts:
     """The simulator's clock inputs from a fit: the policies' linear model, the clock model, the
-    prefill lines and the plain-engine target clock."""
+    prefill lines and the plain- and drafting-engine target clocks."""
     models = fit.models
     return SimCosts(fit.latency_model,
                     (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
                     (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
-                    clock=fit.clock_model, plain_target=fit.plain_target_clock, draft_round=fit.draft_round_clock)
+                    clock=fit.clock_model, plain_target=fit.plain_target_clock,
+                    drafting_target=fit.drafting_target_clock, draft_round=fit.draft_round_clock)
 
 
 class FittedSimEngine(SimEngine):

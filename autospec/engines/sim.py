@@ -52,7 +52,10 @@ draft, which the profile times as its own shape). vLLM packs a batch's rows (pag
 vLLM profile's simulator sums contexts and tokens, and charges each drafting round the fit's round
 cost (`SimCosts.draft_round`) over the requests that start it: vLLM's proposer re-feeds every
 verified token in its first pass and works outside the passes, which the profile measures as the
-intercept of draft time per step over K (docs/architecture.md, "sim"). Under an SM split r > 0
+intercept of draft time per step over K (docs/architecture.md, "sim"); and it prices a target pass
+that verifies drafts by the target's clock on the draft_model engine (`SimCosts.drafting_target`),
+the engine a replay serves SD with, whose steps cost more than the fixed-K engine's that the clock's
+other passes are fitted to. Under an SM split r > 0
 (`configure_execution`, or per step `set_step_sm_split`: GP-LCB's choice) with FASER models that
 know r (`FaserModels.has_r_axis`), every pass is priced by those models instead — a draft pass
 T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1, 1 − r) for n̄ the mean drafts verified — because the
@@ -162,6 +165,9 @@ class SimCosts:
     clock: LinearLatencyModel | None = None
     # the target's clock in an engine serving without SD (fit's clock_plain; vLLM's plain engine)
     plain_target: LinearCoeffs | None = None
+    # the target's clock in the engine that drafts (fit's clock_drafting; vLLM's draft_model engine): it
+    # prices the target passes that feed more than one token a row (that verify drafts); None: `clock`
+    drafting_target: LinearCoeffs | None = None
     # what a drafting round costs on top of its passes (fit's clock_draft_round; vLLM's proposer), as
     # α·N_c + γ·N_b + δ over the requests that start a round; None: a round is its passes
     draft_round: LinearCoeffs | None = None
@@ -293,6 +299,7 @@ class SimEngine:
         self._draft_alphas, self._target_alphas = _alphas(d), _alphas(t)
         self._sd_target = (self._target_coef, self._target_lam, self._target_multi, self._target_alphas)
         self._round = costs.draft_round
+        self._drafting_target = costs.drafting_target
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
@@ -744,7 +751,10 @@ class SimEngine:
     def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b + μ·[N_b ≥ 2]), N_b = tokens
         fed; α of a decode pass when `decode` (one token per row), masked unless `one_length` (rows of
-        one length, or packed rows: only the padded torch engine masks ragged rows; `_pass_alpha`)."""
+        one length, or packed rows: only the padded torch engine masks ragged rows; `_pass_alpha`). A
+        pass that verifies drafts is priced by the drafting engine's clock when the fit has one."""
+        if not decode and self._drafting_target is not None:
+            return self._drafting_target.forward(context, tokens)
         _, g, d = self._target_coef
         dt = _pass_alpha(self._target_alphas, decode, one_length) * context + g * tokens + d
         if self._target_lam:

@@ -223,12 +223,12 @@ def test_a_zero_draft_round_row_is_a_valid_profile_row_and_a_zero_time_elsewhere
         read_latency_table(run)
 
 
-def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_from_it(tmp_path):
-    """`draft_step_bias` and `drafting_target_bias` (clock / measured − 1 per K): a draft step 25% over
-    the line at K = 1 reads −20% there and 0 at the other K; the draft_model engine's target side 10%
-    over the fixed-K clock reads 1/1.1 − 1 at every K. They are reported only: the fitted clocks and the
-    simulator's step price are those of the same profile without the new rows. A torch profile has
-    neither."""
+def test_a_vllm_fit_prices_sd_target_passes_by_the_drafting_engine_clock_and_reports_signed_errors_per_k(tmp_path):
+    """`draft_step_bias` (clock / measured − 1 per K): a draft step 25% over the line at K = 1 reads −20%
+    there and 0 at the other K. The draft_model engine's target side (`decode_drafting` rows), 10% over
+    the fixed-K engine's rows, gets a clock of its own (`clock_drafting`) that prices every target pass
+    verifying drafts — 1.1x the fixed-K clock's price — while a pass verifying none keeps the fixed-K
+    clock; `drafting_target_bias` is that clock's per-K residual (0 here). A torch profile has neither."""
     from autospec.artifacts import read_parquet, write_parquet
     from autospec.calibration import LATENCY_COLUMNS
 
@@ -237,7 +237,7 @@ def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_fro
     frame = read_parquet(path, LATENCY_COLUMNS)
     plain_fit = fit_profile(run)
     assert plain_fit.draft_step_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=1e-3)
-    assert plain_fit.drafting_target_bias is None  # no decode_drafting rows
+    assert plain_fit.drafting_target_bias is None and plain_fit.clock_drafting is None  # no decode_drafting rows
     a, g, d = TRUE["target"]
     drafting = [{"model": "target", "phase": "decode_drafting", "batch": b, "tokens": k + 1, "context": c,
                  "sm_split": np.nan, "median_s": 1.1 * (a * b * c + g * b * (k + 1) + d), "mad_s": 0.0, "repeats": 5}
@@ -247,7 +247,8 @@ def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_fro
     write_parquet(path, frame)
     models = fit_profile(run)
     assert models.draft_step_bias == pytest.approx({1: -0.2, 2: 0.0, 4: 0.0}, abs=1e-3)
-    assert models.drafting_target_bias == pytest.approx({k: 1 / 1.1 - 1 for k in (1, 2, 4)}, abs=1e-3)
+    assert models.drafting_target_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=1e-3)
+    assert models.clock_drafting_mape == pytest.approx(0.0, abs=1e-3)
     assert models.clock == plain_fit.clock and models.clock_draft_round == plain_fit.clock_draft_round
     from typer.testing import CliRunner
 
@@ -255,14 +256,21 @@ def test_a_vllm_fit_reports_its_clocks_signed_error_per_k_and_prices_nothing_fro
 
     res = CliRunner().invoke(app, ["fit", str(run)], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert res.exit_code == 0, res.output
-    assert "K1 -20% · K2 " in res.output and "K1 -9% · K2 -9% · K4 -9%" in res.output  # signed, per K
-    assert load_fit(run).models.drafting_target_bias == models.drafting_target_bias  # round-trips (int keys)
+    assert "K1 -20% · K2 " in res.output and "K1 +0% · K2 +0% · K4 +0%" in res.output  # signed, per K
+    assert "target clock on the draft_model engine MAPE" in res.output
+    fitted = load_fit(run).models
+    assert fitted.drafting_target_bias == models.drafting_target_bias  # round-trips (int keys)
+    assert fitted.clock_drafting == models.clock_drafting
     sim = SimEngine.from_dirs(run)
-    assert sim.step_time_s([100, 60], [2, 2]) == pytest.approx(
-        SimEngine.from_dirs(write_synthetic_run(tmp_path / "same", engine="vllm", draft_round=(3e-7, 4e-4, 1e-3)))
-        .step_time_s([100, 60], [2, 2]), rel=1e-9)
+    same = SimEngine.from_dirs(write_synthetic_run(tmp_path / "same", engine="vllm", draft_round=(3e-7, 4e-4, 1e-3)))
+    verify_s = a * 160 + g * 6 + d  # the fixed-K clock's price of the verify (TRUE has no λ, μ)
+    # the same draft rounds; the verify 10% dearer
+    assert sim.step_time_s([100, 60], [2, 2]) - same.step_time_s([100, 60], [2, 2]) == pytest.approx(
+        0.1 * verify_s, rel=1e-3)
+    assert sim.step_time_s([100, 60], [0, 0]) == pytest.approx(same.step_time_s([100, 60], [0, 0]), rel=1e-9)
     torch_fit = fit_profile(write_synthetic_run(tmp_path / "torch"))
     assert torch_fit.draft_step_bias is None and torch_fit.drafting_target_bias is None
+    assert torch_fit.clock_drafting is None
 
 
 def _serve_two(sim, preset="static-k2", gap=0.05):

@@ -207,6 +207,9 @@ Seconds = Annotated[float, Field(strict=True, ge=0.0, le=60.0, allow_inf_nan=Fal
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Probability = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(strict=True, gt=0.0, allow_inf_nan=False)]
+# [chosen] a draft pass weight (FitModels.draft_pass_weights) is a multiple of one fitted pass: >= 0, and 1000
+# caps it far above any measured (0.6-1.6 on the bundled pair) short of a clock that overflows
+PassWeight = Annotated[float, Field(strict=True, ge=0.0, le=1e3, allow_inf_nan=False)]
 
 
 class CoeffsRecord(BaseModel):
@@ -355,6 +358,10 @@ class FitModels(BaseModel):
     clock_draft_round: CoeffsRecord | None = None
     clock_draft_round_error: float | None = None
     draft_step_mape: float | None = None
+    # what a round's i-th draft pass costs as a multiple of the draft clock's pass, i = 1 .. the profile's
+    # K_max, from the `step` rows (fit._draft_pass_weights: vLLM's draft step is not linear in K, the line
+    # over K that splits it is not); None when the profile has none (torch: every pass costs the same)
+    draft_pass_weights: list[PassWeight] | None = None
     # signed per-K errors of the vLLM clocks (predicted / measured − 1), reported by `autospec fit`: the
     # whole draft step (K passes + round) on the `step` rows, and the target clock that prices SD steps
     # (`clock_drafting`) on the draft_model engine's target side (`decode_drafting` rows); None when the

@@ -526,6 +526,9 @@ def fit(
     # signed, per K: the vLLM clock's over- (+) or under-pricing of what the profile measured
     if models.draft_step_bias:
         table.add_row("draft step bias by K (clock / measured − 1)", _bias_cell(models.draft_step_bias), "")
+    if models.draft_pass_weights:  # a vLLM profile: the i-th pass of a round in units of the clock's pass
+        table.add_row("draft pass weights by place in the round", " · ".join(
+            f"{w:.2f}" for w in models.draft_pass_weights), "")
     if models.clock_drafting_mape is not None:  # a vLLM profile: the target's side of draft_model engine steps
         table.add_row("target clock on the draft_model engine MAPE", "", f"{models.clock_drafting_mape:.1%}")
     if models.drafting_target_bias:

@@ -14,7 +14,8 @@ From `DIR/profile/` it fits, each with a held-out error so a user can see how fa
   SD), the target's clock in that engine, which prices every SD step's multi-token target pass
   (`clock_drafting`); on a vLLM profile also the draft round's clock and, reported only, the clocks'
   signed error per K on the whole draft steps and on the draft_model engine's target side
-  (`draft_step_bias`, `drafting_target_bias`: the first is what the simulator does not price yet);
+  (`draft_step_bias`, `drafting_target_bias`), and what a round's i-th draft pass costs relative to the
+  clock's pass (`draft_pass_weights`: vLLM's draft step is not linear in K);
 * FASER's piecewise model per model (latency.fit_piecewise: one segment when the profile has no SM
   split), same MAPE;
 * a prefill line per model, T = per_token·(batch·tokens) + fixed, from the prefill rows by the same
@@ -110,6 +111,12 @@ class FitResult:
     def drafting_target_clock(self) -> LinearCoeffs | None:
         """FitModels.clock_drafting as coefficients (None when the profile had no decode_drafting rows)."""
         return self.models.clock_drafting.coeffs() if self.models.clock_drafting else None
+
+    @property
+    def draft_pass_weights(self) -> tuple[float, ...] | None:
+        """FitModels.draft_pass_weights (None when the profile had no draft step rows)."""
+        w = self.models.draft_pass_weights
+        return tuple(w) if w else None
 
     @property
     def draft_round_clock(self) -> LinearCoeffs | None:
@@ -323,10 +330,13 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
                                   drafting["median_s"].to_numpy(float), drafting["batch"].to_numpy(float)])
         out["clock_drafting"], out["clock_drafting_mape"] = _linear_with_cv(design, True, seed)
     out["clock_draft_round"], out["clock_draft_round_error"] = _draft_round_fit(latency, phase, seed)
-    # the whole-step clock — K draft passes plus the round — on the `step` rows the two were split from
-    # (in-sample): its MAPE, and per K its signed error, which the MAPE hides (the line over K,
-    # latency_profile.draft_line, cannot follow a draft step that is not linear in K)
-    steps = _draft_steps_priced(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
+    # what the step's passes cost by their place in the round (a draft step is not linear in K, the line over
+    # K that split it into passes and a round is not: `_draft_pass_weights`)
+    out["draft_pass_weights"] = _draft_pass_weights(latency, phase, out["clock"]["draft"], out["clock_draft_round"])
+    # the whole-step clock — the round plus K weighted draft passes — on the `step` rows the two were split
+    # from (in-sample): its MAPE, and per K its signed error, which the MAPE hides
+    steps = _draft_steps_priced(latency, phase, out["clock"]["draft"], out["clock_draft_round"],
+                                out["draft_pass_weights"])
     out["draft_step_mape"] = None if steps is None else mape(steps[1], steps[2])
     out["draft_step_bias"] = None if steps is None else _bias_by_tokens(*steps)
     out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock_drafting"] or out["clock"]["target"])
@@ -340,16 +350,46 @@ def _bias_by_tokens(tokens: np.ndarray, predicted: np.ndarray, measured: np.ndar
     return {int(k): float(np.median(ratio[tokens == k])) for k in np.unique(tokens)}
 
 
-def _draft_steps_priced(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
-                        round_clock: LinearCoeffs | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The profile's draft `step` rows (a vLLM profile) as (K, the simulator's price of the whole step — K
-    draft passes plus the round —, the measured seconds). None without step rows or a round clock."""
+def _draft_pass_weights(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
+                        round_clock: LinearCoeffs | None) -> list[float] | None:
+    """What the i-th draft pass of a round costs, as a multiple w_i of the draft clock's pass (i = 1 ..
+    the profile's K_max), from its draft `step` rows (a vLLM profile): per profiled K the median over
+    (batch, context) of (step − round) / pass, i.e. W_K = w_1 + .. + w_K, held non-decreasing from W_0 = 0
+    and linear between the profiled K (1, 2, K_max / 2, K_max). None without step rows or a round clock
+    (the torch engine: every pass costs the clock's pass).
+
+    Why: `latency_profile.draft_line` splits each shape's steps over K into a per-pass and a per-round
+    cost by a line, and vLLM's draft step is not linear in K — one line over K = 1, 2, 4, 8 priced the
+    whole step 9-13% over at K = 1 and 4-6% under at K = 2 and 4 in three quick profiles of the bundled
+    pair, whose weights read 0.66-0.84 for the first pass, 1.28-1.56 for the second, 1.01-1.09 for the
+    third and fourth and 0.88-0.93 after (docs/vllm.md, "Profile on vLLM"): with one line the replay's
+    K = 1 steps came out dear and its K = 2-4 steps cheap on the simulator."""
     steps = latency[(latency["model"] == "draft") & (phase == "step")]
     if not len(steps) or round_clock is None:
         return None
     b, k, c, t = (steps[name].to_numpy(float) for name in ("batch", "tokens", "context", "median_s"))
-    predicted = np.array([kk * draft_clock.forward(bb * cc, bb, bb) + round_clock.forward(bb * cc, bb)
-                          for bb, kk, cc in zip(b, k, c)])
+    one_pass = np.array([draft_clock.forward(bb * cc, bb, bb) for bb, cc in zip(b, c)])
+    rounds = np.array([round_clock.forward(bb * cc, bb) for bb, cc in zip(b, c)])
+    ks = np.unique(k)
+    passes = np.array([np.median(((t - rounds) / one_pass)[k == kk]) for kk in ks])
+    passes = np.maximum.accumulate(np.maximum(passes, 0.0))  # a further pass never saves time
+    cumulative = np.interp(np.arange(int(ks[-1]) + 1), np.concatenate([[0.0], ks]), np.concatenate([[0.0], passes]))
+    return [float(w) for w in np.diff(cumulative)]
+
+
+def _draft_steps_priced(latency: pd.DataFrame, phase: pd.Series, draft_clock: LinearCoeffs,
+                        round_clock: LinearCoeffs | None, weights: list[float] | None = None,
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The profile's draft `step` rows (a vLLM profile) as (K, the simulator's price of the whole step — K
+    draft passes, weighted by `weights` (`_draft_pass_weights`), plus the round —, the measured seconds).
+    None without step rows or a round clock."""
+    steps = latency[(latency["model"] == "draft") & (phase == "step")]
+    if not len(steps) or round_clock is None:
+        return None
+    b, k, c, t = (steps[name].to_numpy(float) for name in ("batch", "tokens", "context", "median_s"))
+    passes = k if weights is None else np.array([sum(weights[:int(kk)]) for kk in k])
+    predicted = np.array([n * draft_clock.forward(bb * cc, bb, bb) + round_clock.forward(bb * cc, bb)
+                          for bb, n, cc in zip(b, passes, c)])
     return k, predicted, t
 
 
@@ -665,6 +705,7 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
         clock_draft_round=asdict(lat["clock_draft_round"]) if lat["clock_draft_round"] is not None else None,
         clock_draft_round_error=lat["clock_draft_round_error"], draft_step_mape=lat["draft_step_mape"],
         draft_step_bias=lat["draft_step_bias"], drafting_target_bias=lat["drafting_target_bias"],
+        draft_pass_weights=lat["draft_pass_weights"],
         piecewise=lat["piecewise"],
         piecewise_mape=lat["piecewise_mape"],
         prefill=lat["prefill"], prefill_mape=lat["prefill_mape"],
@@ -725,7 +766,8 @@ def sim_costs(fit: FitResult) -> SimCosts:
                     (models.prefill["target"].per_token_s, models.prefill["target"].fixed_s),
                     (models.prefill["draft"].per_token_s, models.prefill["draft"].fixed_s),
                     clock=fit.clock_model, plain_target=fit.plain_target_clock,
-                    drafting_target=fit.drafting_target_clock, draft_round=fit.draft_round_clock)
+                    drafting_target=fit.drafting_target_clock, draft_round=fit.draft_round_clock,
+                    draft_pass_weights=fit.draft_pass_weights)
 
 
 class FittedSimEngine(SimEngine):

@@ -25,13 +25,15 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                       draft_round: tuple[float, float, float] | None = None,
                       multi: dict[str, float] | None = None,
                       alpha_decode: dict[str, float] | None = None,
-                      alpha_ragged: dict[str, float] | None = None) -> pd.DataFrame:
+                      alpha_ragged: dict[str, float] | None = None,
+                      step_passes: dict[int, float] | None = None) -> pd.DataFrame:
     """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model, `multi` μ
     to every pass over two or more tokens, and `alpha_decode` replaces α in passes of one token per
     row (the simulator's clock terms); `alpha_ragged` adds `decode_ragged` rows (one token per row,
     rows of unequal length, batch >= 2) that attend at it; `plain` = (α, γ, δ) adds a plain engine's
     target rows (`decode_plain`); `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows
-    and the `step` rows (K passes + the round, K = 1, 2, 4) they are split from."""
+    and the `step` rows (K passes + the round, K = 1, 2, 4) they are split from — `step_passes[K]` passes
+    worth instead of K (a draft step not linear in K)."""
     rng = np.random.default_rng(seed)
     rows = []
     for model, (a, g, d) in TRUE.items():
@@ -60,7 +62,8 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                     for k in (1, 2, 4):
                         rows.append({"model": "draft", "phase": "step", "batch": batch, "tokens": k,
                                      "context": context, "sm_split": np.nan,
-                                     "median_s": round_s + k * (a * batch * context + g * batch + d),
+                                     "median_s": round_s + (step_passes or {}).get(k, k)
+                                     * (a * batch * context + g * batch + d),
                                      "mad_s": 0.0, "repeats": 5})
         if model == "target" and plain is not None:  # a plain (no-SD) engine's target step
             pa, pg, pd_ = plain
@@ -101,12 +104,13 @@ def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, nois
                         lam: dict[str, float] | None = None, plain: tuple[float, float, float] | None = None,
                         engine: str = "torch", draft_round: tuple[float, float, float] | None = None,
                         multi: dict[str, float] | None = None, alpha_decode: dict[str, float] | None = None,
-                        alpha_ragged: dict[str, float] | None = None) -> Path:
+                        alpha_ragged: dict[str, float] | None = None,
+                        step_passes: dict[int, float] | None = None) -> Path:
     """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
     write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round,
                                                               multi=multi, alpha_decode=alpha_decode,
-                                                              alpha_ragged=alpha_ragged))
+                                                              alpha_ragged=alpha_ragged, step_passes=step_passes))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root

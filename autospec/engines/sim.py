@@ -52,7 +52,8 @@ draft, which the profile times as its own shape). vLLM packs a batch's rows (pag
 vLLM profile's simulator sums contexts and tokens, and charges each drafting round the fit's round
 cost (`SimCosts.draft_round`) over the requests that start it: vLLM's proposer re-feeds every
 verified token in its first pass and works outside the passes, which the profile measures as the
-intercept of draft time per step over K (docs/architecture.md, "sim"); and it prices a target pass
+intercept of draft time per step over K (docs/architecture.md, "sim"), weighs each draft pass by its
+place in the round (`SimCosts.draft_pass_weights`: vLLM's draft step is not linear in K); and it prices a target pass
 that verifies drafts by the target's clock on the draft_model engine (`SimCosts.drafting_target`),
 the engine a replay serves SD with, whose steps cost more than the fixed-K engine's that the clock's
 other passes are fitted to. Under an SM split r > 0
@@ -168,6 +169,9 @@ class SimCosts:
     # the target's clock in the engine that drafts (fit's clock_drafting; vLLM's draft_model engine): it
     # prices the target passes that feed more than one token a row (that verify drafts); None: `clock`
     drafting_target: LinearCoeffs | None = None
+    # what a round's i-th draft pass costs as a multiple of the clock's draft pass (fit's draft_pass_weights,
+    # i = 1..; the last repeats beyond): vLLM's draft step is not linear in K; None: every pass costs the same
+    draft_pass_weights: tuple[float, ...] | None = None
     # what a drafting round costs on top of its passes (fit's clock_draft_round; vLLM's proposer), as
     # α·N_c + γ·N_b + δ over the requests that start a round; None: a round is its passes
     draft_round: LinearCoeffs | None = None
@@ -300,6 +304,7 @@ class SimEngine:
         self._sd_target = (self._target_coef, self._target_lam, self._target_multi, self._target_alphas)
         self._round = costs.draft_round
         self._drafting_target = costs.drafting_target
+        self._pass_weights = tuple(costs.draft_pass_weights) if costs.draft_pass_weights else None
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
@@ -455,6 +460,8 @@ class SimEngine:
         shortest = 1 << 62
         starting = starting_context = 0  # requests whose round this pass starts (the round's cost)
         width = 1  # tokens fed per request, padded: a round's first pass feeds the draft's lag
+        weights = self._pass_weights
+        weight = 0.0  # Σ over rows of their pass's weight (`_pass_weight`; rows of one round share it)
         for rid in req_ids:
             r = reqs[rid]
             j = r.drafted
@@ -476,6 +483,8 @@ class SimEngine:
                     width = r.lag
             r.lag = 1
             r.drafted = j + 1
+            if weights is not None:
+                weight += weights[j] if j < len(weights) else weights[-1]
         b = len(req_ids)
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
             dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
@@ -490,6 +499,8 @@ class SimEngine:
                 dt += self._draft_lam * math.log2(b)
             if b >= 2:
                 dt += self._draft_multi
+            if weights is not None:
+                dt *= weight / len(req_ids)
             if self._round is not None and starting:
                 dt += self._round.forward(starting_context, starting)
         self._clock += dt
@@ -512,6 +523,9 @@ class SimEngine:
         shortest = [1 << 62] * (k_max + 1)  # padded: and the shortest (equal rows need no mask)
         width = 1  # padded: tokens fed per request in round 0 (the draft's lag, `draft`)
         starting = starting_context = 0  # requests whose round this call starts (the round's cost)
+        weighted_passes = self._pass_weights is not None and not padded and not self._split_r
+        if weighted_passes:  # per pass of the round (its index from the round's start): rows, Σ base context
+            counts, bases = [0] * (k_max + 1), [0] * (k_max + 1)
         for rid, k in zip(req_ids, lengths):
             r = reqs[rid]
             if k <= 0:
@@ -537,9 +551,22 @@ class SimEngine:
                 shortest[k] = min(shortest[k], r.context + j0)
                 if j0 == 0 and r.lag > width:
                     width = r.lag
+            if weighted_passes:  # difference arrays: the row is in passes j0 .. j0 + k − 1
+                counts[j0] += 1
+                counts[j0 + k] -= 1
+                bases[j0] += r.context
+                bases[j0 + k] -= r.context
             r.lag = 1
         if padded and not self._split_r:
             dt = self._padded_rounds_s(ending, longest, shortest, rounds, width)
+        elif weighted_passes:
+            n = base = 0
+            per_pass = []
+            for i in range(k_max):
+                n += counts[i]
+                base += bases[i]
+                per_pass.append((n, base + n * i))  # pass i attends each row's context + i drafts
+            dt = self._weighted_rounds_s(per_pass)
         else:
             dt = self._rounds_s(weighted, drafted, rounds, ending)
         if self._round is not None and starting and not self._split_r:
@@ -644,6 +671,25 @@ class SimEngine:
         new.append(tr.target_token[r.base + (r.off + a) % r.n])
         return a, new
 
+    def _weighted_rounds_s(self, per_pass: Sequence[tuple[int, int]]) -> float:
+        """Draft passes priced one by one, `per_pass[i]` = (rows, Σ their context) of a round's pass i:
+        w_{i+1}·(α·N_c + γ·n + δ + λ·log2 n + μ·[n ≥ 2]) — the weights (`SimCosts.draft_pass_weights`) price
+        a pass by its place in the round."""
+        _, g, d = self._draft_coef
+        alpha, lam, multi, weights = self._draft_alphas[1], self._draft_lam, self._draft_multi, self._pass_weights
+        assert weights is not None
+        dt = 0.0
+        for i, (n, context) in enumerate(per_pass):
+            if n <= 0:
+                continue
+            t = alpha * context + g * n + d
+            if lam:
+                t += lam * math.log2(n)
+            if n >= 2:
+                t += multi
+            dt += t * (weights[i] if i < len(weights) else weights[-1])
+        return dt
+
     def _rounds_s(self, weighted: float, drafted: int, rounds: int, ending: list[int]) -> float:
         """Draft passes of `rounds` rounds (`draft_rounds`): α·weighted + γ·drafted + δ·rounds (+ Σ_j
         λ·log2 n_j + μ·[n_j ≥ 2]), or FASER's T_q(n_j, 1, r) per round under an SM split; `ending[k]`
@@ -741,11 +787,18 @@ class SimEngine:
             top, bottom = int(contexts.max()), int(contexts.min())
             verify_s = self._target_pass_s(n * top, n * (rounds + 1), rounds == 0, top == bottom)
             return self._padded_rounds_s(ending, longest, shortest, rounds, 1) + verify_s
-        weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
         verify_s = self._target_pass_s(int(contexts.sum()), drafted + n, drafted == 0)
         starting = int(drafting.sum())
         round_s = (self._round.forward(int(contexts[drafting].sum()), starting)
                    if self._round is not None and starting else 0.0)
+        if self._pass_weights is not None:
+            per_pass = []
+            for i in range(rounds):
+                active = lengths > i
+                rows = int(active.sum())
+                per_pass.append((rows, int(contexts[active].sum()) + rows * i))
+            return self._weighted_rounds_s(per_pass) + round_s + verify_s
+        weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
     def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:

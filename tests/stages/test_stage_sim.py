@@ -175,6 +175,64 @@ def test_a_vllm_profiles_draft_round_is_fitted_and_charged_once_per_round(tmp_pa
     assert torch_sim.costs.draft_round is None
 
 
+def test_a_vllm_draft_step_not_linear_in_k_prices_each_pass_by_its_place_in_the_round(tmp_path):
+    """Draft steps worth 1.3 / 2.0 / 3.4 passes at K = 1 / 2 / 4 (not a line in K, as vLLM's are not) give the fit
+    pass weights 1.3, 0.7, 0.7, 0.7, which leave no per-K bias; the simulator prices a round's i-th pass
+    at w_i times the clock's pass — one pass at a time, in `draft_rounds` and in `step_time_s` alike —
+    and the batched and per-pass replays agree."""
+    from autospec.serving.loop import serve
+    from autospec.serving.records import ServeRequest, SyntheticPrompt
+
+    round_coef = (3e-7, 4e-4, 1e-3)
+    run = write_synthetic_run(tmp_path, engine="vllm", draft_round=round_coef, step_passes={1: 1.3, 2: 2.0, 4: 3.4})
+    models = fit_profile(run)
+    assert models.draft_pass_weights == pytest.approx([1.3, 0.7, 0.7, 0.7], rel=1e-3)
+    assert models.draft_step_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=1e-3)
+    write_fit(run, models)
+    assert load_fit(run).models.draft_pass_weights == models.draft_pass_weights
+    a, g, d = TRUE["draft"]
+    ra, rg, rd = round_coef
+    prompts = [GenRequest(range(100), 50), GenRequest(range(60), 50)]
+
+    sim = SimEngine.from_dirs(run)
+    ids = sim.add(prompts).req_ids
+    t0 = sim.now()
+    sim.draft(ids)  # the rounds' first pass, and the round
+    assert sim.now() - t0 == pytest.approx(1.3 * (a * (101 + 61) + g * 2 + d) + ra * (101 + 61) + rg * 2 + rd,
+                                           rel=1e-6)
+    t1 = sim.now()
+    sim.draft(ids[:1])  # the first request's second pass
+    assert sim.now() - t1 == pytest.approx(0.7 * (a * 102 + g + d), rel=1e-6)
+
+    batched = SimEngine.from_dirs(run)
+    ids = batched.add(prompts).req_ids
+    predicted = batched.step_time_s([101, 61], [2, 1])
+    t0 = batched.now()
+    batched.draft_rounds(ids, [2, 1])
+    rounds_s = batched.now() - t0
+    assert rounds_s == pytest.approx(1.3 * (a * (101 + 61) + g * 2 + d) + 0.7 * (a * 102 + g + d)
+                                     + ra * (101 + 61) + rg * 2 + rd, rel=1e-6)
+    out = batched.verify({ids[0]: 2, ids[1]: 1})
+    assert predicted == pytest.approx(rounds_s + out.verify_time_s, rel=1e-9)
+
+    requests = [ServeRequest(i, 0.01 * i, SyntheticPrompt(30 + 7 * i, 100, i), 30 + 3 * i, ("code", "chat")[i % 2])
+                for i in range(12)]
+
+    def replay(fast: bool):
+        engine = SimEngine.from_dirs(run, seed=5)
+        if not fast:  # hide the fast path: draft_rounds falls back to one draft call per round
+            engine.draft_rounds = None
+        rec = serve(engine, build_strategy(load_preset("static-k3")), requests, max_batch=6,
+                    settings=StepSettings(k_max=K_MAX, latency_model=engine.latency_model))
+        return rec.steps_frame()
+
+    fast_steps, slow_steps = replay(True), replay(False)
+    np.testing.assert_allclose(fast_steps["draft_s"], slow_steps["draft_s"], rtol=1e-9)
+    np.testing.assert_allclose(fast_steps["end_s"], slow_steps["end_s"], rtol=1e-9)
+    linear = fit_profile(write_synthetic_run(tmp_path / "linear", engine="vllm", draft_round=round_coef))
+    assert linear.draft_pass_weights == pytest.approx([1.0] * K_MAX, rel=1e-3)  # a step linear in K: every pass 1
+
+
 def test_draft_line_splits_vllm_draft_steps_into_per_pass_and_per_round():
     """The vLLM profile's split of draft time per step over K: slope = one more pass, intercept = the
     round (measured on the bundled pair at batch 1: 2.5 / 4.5 / 7.9 / 13.8 ms at K = 1 / 2 / 4 / 8); a
@@ -224,11 +282,12 @@ def test_a_zero_draft_round_row_is_a_valid_profile_row_and_a_zero_time_elsewhere
 
 
 def test_a_vllm_fit_prices_sd_target_passes_by_the_drafting_engine_clock_and_reports_signed_errors_per_k(tmp_path):
-    """`draft_step_bias` (clock / measured − 1 per K): a draft step 25% over the line at K = 1 reads −20%
-    there and 0 at the other K. The draft_model engine's target side (`decode_drafting` rows), 10% over
-    the fixed-K engine's rows, gets a clock of its own (`clock_drafting`) that prices every target pass
-    verifying drafts — 1.1x the fixed-K clock's price — while a pass verifying none keeps the fixed-K
-    clock; `drafting_target_bias` is that clock's per-K residual (0 here). A torch profile has neither."""
+    """A draft step 25% over the line at K = 1 gets a first-pass weight that absorbs it, so
+    `draft_step_bias` (clock / measured − 1 per K) reads 0 at every K. The draft_model engine's target
+    side (`decode_drafting` rows), 10% over the fixed-K engine's rows, gets a clock of its own
+    (`clock_drafting`) that prices every target pass verifying drafts — 1.1x the fixed-K clock's price
+    — while a pass verifying none keeps the fixed-K clock; `drafting_target_bias` is that clock's per-K
+    residual (0 here). A torch profile has neither."""
     from autospec.artifacts import read_parquet, write_parquet
     from autospec.calibration import LATENCY_COLUMNS
 
@@ -246,7 +305,8 @@ def test_a_vllm_fit_prices_sd_target_passes_by_the_drafting_engine_clock_and_rep
     frame.loc[(frame["phase"] == "step") & (frame["tokens"] == 1), "median_s"] *= 1.25
     write_parquet(path, frame)
     models = fit_profile(run)
-    assert models.draft_step_bias == pytest.approx({1: -0.2, 2: 0.0, 4: 0.0}, abs=1e-3)
+    assert models.draft_step_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=5e-3)
+    assert models.draft_pass_weights[0] > 1.2 and models.draft_pass_weights[1] < 1.0  # the later passes pay less
     assert models.drafting_target_bias == pytest.approx({1: 0.0, 2: 0.0, 4: 0.0}, abs=1e-3)
     assert models.clock_drafting_mape == pytest.approx(0.0, abs=1e-3)
     assert models.clock == plain_fit.clock and models.clock_draft_round == plain_fit.clock_draft_round
@@ -256,7 +316,8 @@ def test_a_vllm_fit_prices_sd_target_passes_by_the_drafting_engine_clock_and_rep
 
     res = CliRunner().invoke(app, ["fit", str(run)], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert res.exit_code == 0, res.output
-    assert "K1 -20% · K2 " in res.output and "K1 +0% · K2 +0% · K4 +0%" in res.output  # signed, per K
+    assert "K1 +0% · K2 +0% · K4 +0%" in res.output  # signed, per K
+    assert "draft pass weights by place in the round" in res.output
     assert "target clock on the draft_model engine MAPE" in res.output
     fitted = load_fit(run).models
     assert fitted.drafting_target_bias == models.drafting_target_bias  # round-trips (int keys)

@@ -312,23 +312,12 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
         r = rows["sm_split"].fillna(NOMINAL_SPLIT).to_numpy(float)
         out["piecewise"][kind], out["piecewise_mape"][kind] = _piecewise_with_cv(kind, b, s, r, t, seed)
         out["points"][kind] = len(rows)
-    plain = latency[(latency["model"] == "target") & (phase == "decode_plain")]
-    out["clock_plain"], out["clock_plain_mape"] = None, None
-    if len(plain) >= 5:
-        design = np.column_stack([(plain["batch"] * plain["context"]).to_numpy(float),
-                                  (plain["batch"] * plain["tokens"]).to_numpy(float),
-                                  plain["median_s"].to_numpy(float), plain["batch"].to_numpy(float)])
-        out["clock_plain"], out["clock_plain_mape"] = _linear_with_cv(design, True, seed)
+    # the target's clock in an engine serving without SD (vLLM's plain engine), from `decode_plain` rows
+    out["clock_plain"], out["clock_plain_mape"] = _engine_target_clock(latency, phase, "decode_plain", seed)
     # the target's clock on the engine that drafts (vLLM's draft_model engine, which a replay serves SD
     # with), from its `decode_drafting` rows: the fixed-K engine's `decode` rows, which `clock` is fitted
     # to, ran 5-9% under those steps at K >= 2 (docs/vllm.md, "Profile on vLLM")
-    drafting = latency[(latency["model"] == "target") & (phase == "decode_drafting")]
-    out["clock_drafting"], out["clock_drafting_mape"] = None, None
-    if len(drafting) >= 5:
-        design = np.column_stack([(drafting["batch"] * drafting["context"]).to_numpy(float),
-                                  (drafting["batch"] * drafting["tokens"]).to_numpy(float),
-                                  drafting["median_s"].to_numpy(float), drafting["batch"].to_numpy(float)])
-        out["clock_drafting"], out["clock_drafting_mape"] = _linear_with_cv(design, True, seed)
+    out["clock_drafting"], out["clock_drafting_mape"] = _engine_target_clock(latency, phase, "decode_drafting", seed)
     out["clock_draft_round"], out["clock_draft_round_error"] = _draft_round_fit(latency, phase, seed)
     # what the step's passes cost by their place in the round (a draft step is not linear in K, the line over
     # K that split it into passes and a round is not: `_draft_pass_weights`)
@@ -341,6 +330,19 @@ def fit_latency(latency: pd.DataFrame, seed: int = 0) -> dict[str, Any]:
     out["draft_step_bias"] = None if steps is None else _bias_by_tokens(*steps)
     out["drafting_target_bias"] = _drafting_target_bias(latency, phase, out["clock_drafting"] or out["clock"]["target"])
     return out
+
+
+def _engine_target_clock(latency: pd.DataFrame, phase: pd.Series, row_phase: str,
+                         seed: int) -> tuple[LinearCoeffs | None, float | None]:
+    """The target's clock (with λ and μ, `fit_linear_relative`) and its k-fold MAPE from the profile's
+    target rows of `row_phase` — one engine form's steps; (None, None) with fewer than 5 of them."""
+    rows = latency[(latency["model"] == "target") & (phase == row_phase)]
+    if len(rows) < 5:
+        return None, None
+    design = np.column_stack([(rows["batch"] * rows["context"]).to_numpy(float),
+                              (rows["batch"] * rows["tokens"]).to_numpy(float),
+                              rows["median_s"].to_numpy(float), rows["batch"].to_numpy(float)])
+    return _linear_with_cv(design, True, seed)
 
 
 def _bias_by_tokens(tokens: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> dict[int, float]:

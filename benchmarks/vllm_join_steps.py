@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import OneLineParser, run, whole  # noqa: E402
 from vllm_engine_forms import whole_list  # noqa: E402
-from vllm_serve_forms import compare, replay_kwargs, strategies_of  # noqa: E402
+from vllm_serve_forms import compare, replay_kwargs, require_cells, strategies_of  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("steady", "after_join")
@@ -122,9 +122,7 @@ def measure(ks: list[int], batches: list[int], context: int, joins: int,
                             steps.setdefault((kind, name, batch), []).extend({**row, "round": round_} for row in rows)
                 finally:
                     close_llm(llm)
-    missing = [key for key in ((c, n, b) for c in KINDS for n in strategies for b in batches) if not steps.get(key)]
-    if missing:
-        raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (kind, strategy, batch)")
+    require_cells(steps, KINDS, list(strategies), batches, "kind")
     return steps
 
 

@@ -43,6 +43,7 @@ from vllm_serve_forms import (  # noqa: E402
     full_batch_steps,
     generated_tokens,
     replay_kwargs,
+    require_cells,
     strategies_of,
 )
 
@@ -103,9 +104,7 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
                                 for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
                 finally:
                     close_llm(llm)
-    missing = [key for key in ((c, n, b) for c in KINDS for n in strategies for b in batches) if not steps.get(key)]
-    if missing:
-        raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (kind, strategy, batch)")
+    require_cells(steps, KINDS, list(strategies), batches, "kind")
     return steps
 
 

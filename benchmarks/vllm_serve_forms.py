@@ -166,10 +166,16 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                 order = (offline, online) if round_ % 2 == 0 else (online, offline)
                 for serve in order:
                     serve(name, k, prompts, round_)
-    missing = [key for key in ((f, n, b) for f in FORMS for n in strategies for b in batches) if not steps.get(key)]
-    if missing:
-        raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} (form, strategy, batch)")
+    require_cells(steps, FORMS, list(strategies), batches, "form")
     return steps
+
+
+def require_cells(steps: dict[tuple[str, str, int], list[dict]], kinds: tuple[str, ...], strategies: list[str],
+                  batches: list[int], kind_name: str) -> None:
+    """Refuse a measurement where some (kind, strategy, batch) cell timed no step."""
+    missing = [key for key in ((c, n, b) for c in kinds for n in strategies for b in batches) if not steps.get(key)]
+    if missing:
+        raise RuntimeError(f"vLLM ran no full-batch decode step in {missing[0]} ({kind_name}, strategy, batch)")
 
 
 def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str], batches: list[int],

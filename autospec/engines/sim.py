@@ -461,7 +461,7 @@ class SimEngine:
         starting = starting_context = 0  # requests whose round this pass starts (the round's cost)
         width = 1  # tokens fed per request, padded: a round's first pass feeds the draft's lag
         weights = self._pass_weights
-        weight = 0.0  # Σ over rows of their pass's weight (`_pass_weight`; rows of one round share it)
+        weight = 0.0  # Σ over rows of their pass's weight (SimCosts.draft_pass_weights; rows of one round share it)
         for rid in req_ids:
             r = reqs[rid]
             j = r.drafted

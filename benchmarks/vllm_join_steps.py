@@ -24,10 +24,10 @@ with each round's median (`round_period_s`). Output per strategy and batch: each
 draft and outside seconds and mean committed tokens, and after_join / steady of each; `summary` per
 strategy the median over batches. No goal: a diagnostic. Run it alone on a quiet machine.
 
-Measured (the committed result, 5 min): after_join / steady at batch 4 / 8 — no-SD 1.07 / 1.04, K = 1 1.05 /
-1.17, K = 2 1.00 / 1.07, K = 4 1.00 / 1.05: a join costs the joiner's first decode step a few percent, one
-step per request, under 0.5% of a replay's step time (docs/vllm.md, "The simulator against vLLM").
-"""
+Measured (the committed result, 5 min): after_join / steady at batch 4 / 8 — no-SD 1.04 / 1.10, K = 1 1.06 /
+1.05, K = 2 0.99 / 0.98, K = 4 1.01 / 1.01: a join costs the joiner's first decode step a few percent for
+no-SD and K = 1, one step per request, under 0.5% of a replay's step time (docs/vllm.md, "The simulator
+against vLLM")."""
 
 from __future__ import annotations
 
@@ -55,14 +55,15 @@ STEPS_PER_REQUEST = (6, 18)
 def step_kinds(steps: list[dict], batch: int) -> dict[str, list[dict]]:
     """The full-batch decode steps of one churning run (`churn`) by kind: `after_join` when the previous
     step prefilled a request and ran the same requests, `steady` when it ran the same requests and
-    prefilled none; steps before the first one with fewer than `batch` requests (a request finished) are
-    left out, as are steps without a period (`step_log.step_period`)."""
+    prefilled none; steps up to the first that a request left (finished) are left out — the first batch's
+    requests can be admitted over several steps, since the engine core steps while they are added, and
+    that is not a join mid-generation —, as are steps without a period (`step_log.step_period`)."""
     from autospec.serving.vllm.step_log import step_period
 
     kinds: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     started = False
     for prev, row in zip(steps, steps[1:]):
-        started = started or len(prev["ids"]) < batch
+        started = started or bool(set(prev["ids"]) - set(row["ids"]))
         if not started or len(row["ids"]) != batch or any(row["first"]) or step_period(row) is None:
             continue
         if set(prev["ids"]) == set(row["ids"]):

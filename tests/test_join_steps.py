@@ -20,7 +20,8 @@ def _step(i: int, ids: list[str], first: list[str] = ()) -> dict:
 
 
 def test_a_joiners_first_decode_step_is_after_join_and_a_step_of_unchanged_requests_is_steady():
-    log = [_step(0, ["a", "b", "c"], first=["a", "b", "c"]),  # the batch that started together: not timed
+    log = [_step(-1, ["a"], first=["a"]),  # the first batch admitted over two steps (the core stepped
+           _step(0, ["a", "b", "c"], first=["b", "c"]),  # while they were added): no join, not timed
            _step(1, ["a", "b", "c"]),
            _step(2, ["a", "b", "c"]),  # "c" finishes here
            _step(3, ["a", "b"]),  # one short: not a full batch
@@ -32,7 +33,7 @@ def test_a_joiners_first_decode_step_is_after_join_and_a_step_of_unchanged_reque
     kinds = step_kinds(log, 3)
     assert [row["t0"] for row in kinds["after_join"]] == [5.0]
     assert [row["t0"] for row in kinds["steady"]] == [6.0]
-    assert step_kinds(log[:3], 3) == {"steady": [], "after_join": []}  # no request finished yet: nothing timed
+    assert step_kinds(log[:4], 3) == {"steady": [], "after_join": []}  # no request finished yet: nothing timed
 
 
 @pytest.mark.parametrize("args, says", [

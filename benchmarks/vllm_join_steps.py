@@ -36,14 +36,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import OneLineParser, run, whole  # noqa: E402
 from vllm_engine_forms import whole_list  # noqa: E402
-from vllm_serve_forms import compare, replay_kwargs, require_cells, strategies_of  # noqa: E402
+from vllm_serve_forms import require_cells, strategies_of, warm_offline_engine, write_comparison  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("steady", "after_join")
@@ -100,7 +99,7 @@ def measure(ks: list[int], batches: list[int], context: int, joins: int,
             rounds: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (kind, strategy, batch): the step-log rows of every step of that kind over all rounds."""
     from autospec.models import BUNDLED_TARGET
-    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm, require_vllm
+    from autospec.serving.vllm.engine import config_vocab_size, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
 
     require_vllm()
@@ -113,16 +112,12 @@ def measure(ks: list[int], batches: list[int], context: int, joins: int,
         log = Path(tmp) / "steps.jsonl"
         for round_ in range(rounds):
             for name, k in strategies.items():
-                llm = make_llm(replay_kwargs(name, max(batches), longest, log))
-                try:
-                    generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
+                with warm_offline_engine(name, max(batches), longest, log, rng) as llm:
                     for batch in batches:
                         t0 = time.perf_counter()
                         churn(llm, batch, context, k, joins, rng, vocab, f"r{round_}-b{batch}")
                         for kind, rows in step_kinds(read_step_log(log, t0), batch).items():
                             steps.setdefault((kind, name, batch), []).extend({**row, "round": round_} for row in rows)
-                finally:
-                    close_llm(llm)
     require_cells(steps, KINDS, list(strategies), batches, "kind")
     return steps
 
@@ -137,23 +132,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "vllm_join_steps.json")
     args = ap.parse_args()
 
-    from autospec.artifacts import hardware_info, write_json
-    from autospec.config import SCHEMA_VERSION
-
     load_at_start = os.getloadavg()
     steps = measure(args.ks, args.batches, args.context, args.joins, args.rounds)
-    strategies = list(strategies_of(args.ks))
-    result: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "benchmark": "vllm_join_steps", "ks": args.ks, "batches": args.batches,
-        "context": args.context, "joins": args.joins, "rounds": args.rounds,
-        "steps_per_request": list(STEPS_PER_REQUEST), **compare(steps, strategies, args.batches, kinds=KINDS),
-        "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(), "hardware": hardware_info()}
-    write_json(args.out, result)
-    for name, row in result["summary"].items():
-        r = row["after_join/steady"]
-        print(f"{name}: after_join/steady period {r['period_s']:.3f} outside {r['outside_s']:.3f} "
-              f"draft {r['draft_s'] if r['draft_s'] is None else round(r['draft_s'], 3)}")
-    print(f"-> {args.out}")
+    write_comparison(args.out, {"benchmark": "vllm_join_steps", "ks": args.ks, "batches": args.batches,
+                                "context": args.context, "joins": args.joins, "rounds": args.rounds,
+                                "steps_per_request": list(STEPS_PER_REQUEST)}, steps, KINDS, load_at_start)
 
 
 if __name__ == "__main__":

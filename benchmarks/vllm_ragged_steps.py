@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_args import OneLineParser, run, whole  # noqa: E402
 from vllm_engine_forms import whole_list  # noqa: E402
 from vllm_serve_forms import (  # noqa: E402
-    compare,
     full_batch_steps,
     generated_tokens,
-    replay_kwargs,
     require_cells,
     strategies_of,
+    warm_offline_engine,
+    write_comparison,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,7 +76,7 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
             warmup: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (kind, strategy, batch): the step-log rows of every timed step over all rounds."""
     from autospec.models import BUNDLED_TARGET
-    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm, require_vllm
+    from autospec.serving.vllm.engine import config_vocab_size, generate_tokens, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
 
     require_vllm()
@@ -90,9 +90,7 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
         log = Path(tmp) / "steps.jsonl"
         for round_ in range(rounds):
             for name, k in strategies.items():
-                llm = make_llm(replay_kwargs(name, max(batches), longest, log))
-                try:
-                    generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
+                with warm_offline_engine(name, max(batches), longest, log, rng) as llm:
                     for batch in batches:
                         lengths = prompt_lengths(batch, context, spread)
                         for kind in (KINDS if round_ % 2 == 0 else KINDS[::-1]):
@@ -102,8 +100,6 @@ def measure(ks: list[int], batches: list[int], context: int, spread: float, repe
                             steps.setdefault((kind, name, batch), []).extend(
                                 {**row, "round": round_}
                                 for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
-                finally:
-                    close_llm(llm)
     require_cells(steps, KINDS, list(strategies), batches, "kind")
     return steps
 
@@ -120,25 +116,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "vllm_ragged_steps.json")
     args = ap.parse_args()
 
-    from autospec.artifacts import hardware_info, write_json
-    from autospec.config import SCHEMA_VERSION
-
     load_at_start = os.getloadavg()
     steps = measure(args.ks, args.batches, args.context, args.spread, args.repeats, args.rounds, args.warmup)
-    strategies = list(strategies_of(args.ks))
-    result = {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_ragged_steps", "ks": args.ks,
-              "batches": args.batches, "context": args.context, "spread": args.spread,
-              "prompt_lengths": {str(b): prompt_lengths(b, args.context, args.spread) for b in args.batches},
-              "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup,
-              **compare(steps, strategies, args.batches, kinds=KINDS),
-              "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
-              "hardware": hardware_info()}
-    write_json(args.out, result)
-    for name, row in result["summary"].items():
-        r = row["ragged/uniform"]
-        print(f"{name}: ragged/uniform period {r['period_s']:.3f} outside {r['outside_s']:.3f} "
-              f"draft {r['draft_s'] if r['draft_s'] is None else round(r['draft_s'], 3)}")
-    print(f"-> {args.out}")
+    write_comparison(args.out, {"benchmark": "vllm_ragged_steps", "ks": args.ks, "batches": args.batches,
+                                "context": args.context, "spread": args.spread,
+                                "prompt_lengths": {str(b): prompt_lengths(b, args.context, args.spread)
+                                                   for b in args.batches},
+                                "repeats": args.repeats, "rounds": args.rounds, "warmup": args.warmup},
+                     steps, KINDS, load_at_start)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,7 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
             warmup: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (form, strategy, batch): the step-log rows of every timed step over all rounds."""
     from autospec.models import BUNDLED_TARGET
-    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm, require_vllm
+    from autospec.serving.vllm.engine import config_vocab_size, generate_tokens, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
 
     require_vllm()  # sets vLLM's environment before its first import
@@ -124,26 +126,23 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
     with tempfile.TemporaryDirectory(prefix="vllm_serve_forms_") as tmp:
         log = Path(tmp) / "steps.jsonl"
 
-        def kwargs_for(name: str, k: int) -> dict[str, Any]:
-            return replay_kwargs(name, max(batches), context + generated_tokens(k, warmup, timed) + 16, log)
+        def longest(k: int) -> int:
+            return context + generated_tokens(k, warmup, timed) + 16
 
         def offline(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
-            llm = make_llm(kwargs_for(name, k))
-            try:
-                generate_tokens(llm, [rng.integers(1, vocab, 16).tolist()], 4)  # warm-up, as the profile's
+            with warm_offline_engine(name, max(batches), longest(k), log, rng) as llm:
                 for batch, rows in prompts.items():
                     t0 = time.perf_counter()
                     generate_tokens(llm, rows, generated_tokens(k, warmup, timed))
                     steps.setdefault(("offline", name, batch), []).extend(
                         {**row, "round": round_}
                         for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
-            finally:
-                close_llm(llm)
 
         def online(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
             loop = asyncio.new_event_loop()
             try:
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs_for(name, k)))
+                engine_args = AsyncEngineArgs(**replay_kwargs(name, max(batches), longest(k), log))
+                engine = AsyncLLM.from_engine_args(engine_args)
                 try:
                     loop.run_until_complete(serve_together(engine, [rng.integers(1, vocab, 16).tolist()], 4, "warmup"))
                     for batch, rows in prompts.items():
@@ -168,6 +167,22 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                     serve(name, k, prompts, round_)
     require_cells(steps, FORMS, list(strategies), batches, "form")
     return steps
+
+
+@contextmanager
+def warm_offline_engine(name: str, max_batch: int, longest: int, log: Path,
+                        rng: np.random.Generator) -> Iterator[Any]:
+    """An offline vLLM engine for preset `name` as a replay builds it (`replay_kwargs`), warmed up on one
+    short random prompt as the profile's engines are; closed on leaving, whatever happened."""
+    from autospec.models import BUNDLED_TARGET
+    from autospec.serving.vllm.engine import close_llm, config_vocab_size, generate_tokens, make_llm
+
+    llm = make_llm(replay_kwargs(name, max_batch, longest, log))
+    try:
+        generate_tokens(llm, [rng.integers(1, config_vocab_size(BUNDLED_TARGET), 16).tolist()], 4)
+        yield llm
+    finally:
+        close_llm(llm)
 
 
 def require_cells(steps: dict[tuple[str, str, int], list[dict]], kinds: tuple[str, ...], strategies: list[str],
@@ -201,6 +216,27 @@ def compare(steps: dict[tuple[str, str, int], list[dict]], strategies: list[str]
     return {"per_strategy": per_strategy, "summary": summary}
 
 
+def write_comparison(out: Path, head: dict[str, Any], steps: dict[tuple[str, str, int], list[dict]],
+                     kinds: tuple[str, str], load_at_start: tuple[float, float, float]) -> None:
+    """Write a two-kind comparison's result — `head` (the benchmark's name and flags, with `ks` and
+    `batches`), `compare` of `steps`, the host's load and hardware — to `out`, and print its summary."""
+    from autospec.artifacts import hardware_info, write_json
+    from autospec.config import SCHEMA_VERSION
+
+    result = {"schema_version": SCHEMA_VERSION, **head,
+              **compare(steps, list(strategies_of(head["ks"])), head["batches"], kinds=kinds),
+              "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
+              "hardware": hardware_info()}
+    write_json(out, result)
+    name_of_ratio = f"{kinds[1]}/{kinds[0]}"
+    for name, row in result["summary"].items():
+        r = row[name_of_ratio]
+        print(f"{name}: {name_of_ratio} period {r['period_s']:.3f} outside {r['outside_s']:.3f} "
+              f"draft {r['draft_s'] if r['draft_s'] is None else round(r['draft_s'], 3)}; "
+              f"committed {row['committed']}")
+    print(f"-> {out}")
+
+
 def round_periods(rows: list[dict]) -> list[float]:
     """Each round's median step period (one engine's): how far engines of one configuration differ."""
     from autospec.serving.vllm.step_log import split_step
@@ -227,24 +263,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "vllm_serve_forms.json")
     args = ap.parse_args()
 
-    from autospec.artifacts import hardware_info, write_json
-    from autospec.config import SCHEMA_VERSION
-
     load_at_start = os.getloadavg()
     steps = measure(args.ks, args.batches, args.context, args.repeats, args.rounds, args.warmup)
-    strategies = list(strategies_of(args.ks))
-    result = {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_serve_forms", "ks": args.ks,
-              "batches": args.batches, "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
-              "warmup": args.warmup, **compare(steps, strategies, args.batches),
-              "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
-              "hardware": hardware_info()}
-    write_json(args.out, result)
-    for name, row in result["summary"].items():
-        r = row["online/offline"]
-        print(f"{name}: online/offline period {r['period_s']:.3f} outside {r['outside_s']:.3f} "
-              f"draft {r['draft_s'] if r['draft_s'] is None else round(r['draft_s'], 3)}; "
-              f"committed {row['committed']}")
-    print(f"-> {args.out}")
+    write_comparison(args.out, {"benchmark": "vllm_serve_forms", "ks": args.ks, "batches": args.batches,
+                                "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
+                                "warmup": args.warmup}, steps, FORMS, load_at_start)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from autospec_testing import REPO, assert_bench_refuses, needs_vllm
-from benchmarks.vllm_ragged_steps import KINDS, compare, prompt_lengths
+from benchmarks.vllm_ragged_steps import KINDS, prompt_lengths
+from benchmarks.vllm_serve_forms import compare
 
 
 def test_ragged_prompts_span_the_spread_with_the_uniform_total():

@@ -305,6 +305,13 @@ class SimEngine:
         self._round = costs.draft_round
         self._drafting_target = costs.drafting_target
         self._pass_weights = tuple(costs.draft_pass_weights) if costs.draft_pass_weights else None
+        # vLLM's drafter proposes for a request in the step that prefills it (module docstring, "Clock";
+        # a vLLM profile's simulator, the one with a round clock): the rows admitted into a running step
+        # that its draft passes carry besides its own (rows, Σ context), and the passes of the latest
+        # drafting step, which a prefill-only step's proposal is priced at
+        self._admission_rounds = bool(fused_prefill) and costs.draft_round is not None
+        self._joining: tuple[int, int] | None = None
+        self._step_passes = self._last_step_passes = 0
         self.totals = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0}
         # vLLM's step structure (module docstring, "Clock"): the serving loop reads this attribute
         self.fused_prefill = bool(fused_prefill)
@@ -399,7 +406,28 @@ class SimEngine:
             dt = self._fused_prefill_time(prompt_tokens, alone=len(self._reqs) == len(ids))
         self._clock += dt
         self.totals["prefill_s"] += dt
+        if self._admission_rounds and self._speculative and not self._split_r:
+            self._admitted((len(ids), sum(self._reqs[rid].context for rid in ids)), len(self._reqs) == len(ids))
         return PrefillResult(ids, first, finished, dt)
+
+    def _admitted(self, joining: tuple[int, int], alone: bool) -> None:
+        """vLLM's drafter proposes for the requests a step prefilled (`joining`: rows, Σ context) in that
+        step (module docstring, "Clock"). In a running step they ride its draft passes (`_packed_rounds_s`);
+        a prefill-only step (`alone`) runs the proposal itself, priced at the latest drafting step's passes:
+        the round's cost and the passes after the first, whole passes of those rows (the first feeds the
+        prompts: the draft's prefill, already priced). Before any step drafted there is no K to price it at
+        (the replay's first request): nothing is charged."""
+        if not alone:
+            self._joining = joining
+            return
+        rows, context = joining
+        passes = self._last_step_passes
+        if passes <= 0 or self._round is None:
+            return
+        per_pass = [(0, 0)] + [(rows, context + rows * i) for i in range(1, passes)]
+        dt = self._weighted_rounds_s(per_pass) + self._round.forward(context, rows)
+        self._clock += dt
+        self.totals["draft_s"] += dt
 
     def _fused_prefill_time(self, tokens: int, alone: bool) -> float:
         """A vLLM step's prefill cost: the prefill lines' per-token costs, their fixed costs too when no
@@ -486,6 +514,17 @@ class SimEngine:
             if weights is not None:
                 weight += weights[j] if j < len(weights) else weights[-1]
         b = len(req_ids)
+        rows_weight = b
+        joining, step_pass = self._joining, self._step_passes
+        self._step_passes += 1
+        if joining is not None:  # rows prefilled in this step: in its round, and in its passes after the first
+            n, c = joining
+            if step_pass == 0:
+                starting, starting_context = starting + n, starting_context + c
+            else:
+                b, context, rows_weight = b + n, context + c + n * step_pass, rows_weight + n
+                if weights is not None:
+                    weight += n * (weights[step_pass] if step_pass < len(weights) else weights[-1])
         if self._split_r:  # under an SM split: FASER's draft model (module docstring, "Clock")
             dt = self.faser.draft_time(b, 1, self._split_r)  # type: ignore[union-attr]
         else:
@@ -500,7 +539,7 @@ class SimEngine:
             if b >= 2:
                 dt += self._draft_multi
             if weights is not None:
-                dt *= weight / len(req_ids)
+                dt *= weight / rows_weight
             if self._round is not None and starting:
                 dt += self._round.forward(starting_context, starting)
         self._clock += dt
@@ -523,7 +562,7 @@ class SimEngine:
         shortest = [1 << 62] * (k_max + 1)  # padded: and the shortest (equal rows need no mask)
         width = 1  # padded: tokens fed per request in round 0 (the draft's lag, `draft`)
         starting = starting_context = 0  # requests whose round this call starts (the round's cost)
-        weighted_passes = self._pass_weights is not None and not padded and not self._split_r
+        weighted_passes = self.packs_passes and not padded and not self._split_r
         if weighted_passes:  # per pass of the round (its index from the round's start): rows, Σ base context
             counts, bases = [0] * (k_max + 1), [0] * (k_max + 1)
         for rid, k in zip(req_ids, lengths):
@@ -566,11 +605,13 @@ class SimEngine:
                 n += counts[i]
                 base += bases[i]
                 per_pass.append((n, base + n * i))  # pass i attends each row's context + i drafts
-            dt = self._weighted_rounds_s(per_pass)
+            dt = self._packed_rounds_s(per_pass, rounds, starting, starting_context)
+            starting = 0  # the round is priced
         else:
             dt = self._rounds_s(weighted, drafted, rounds, ending)
         if self._round is not None and starting and not self._split_r:
             dt += self._round.forward(starting_context, starting)
+        self._step_passes += rounds
         self._clock += dt
         self._draft_since_verify += dt
         self.totals["draft_s"] += dt
@@ -646,11 +687,19 @@ class SimEngine:
         self._clock += dt
         self.totals["verify_s"] += dt
         draft_s, self._draft_since_verify = self._draft_since_verify, 0.0
+        self._end_step()
         return StepOutcome(req_ids=req_ids, drafted=drafted_l, verified=verified_l, accepted=accepted_l,
                            committed=committed_l, finished=finished_l,
                            target_probs=_TraceSlices(tr.target_probs, pos_l, verified_l),
                            klds=_TraceSlices(tr.klds, pos_l, verified_l),
                            draft_time_s=draft_s, verify_time_s=dt)
+
+    def _end_step(self) -> None:
+        """A step's drafting is over: its passes price the next prefill-only step's proposal (`add`), and
+        rows admitted into it no longer ride its passes."""
+        if self._step_passes:
+            self._last_step_passes = self._step_passes
+        self._joining, self._step_passes = None, 0
 
     def _accept_greedy(self, r: _SimRequest, n: int) -> tuple[int, list[int]]:
         """T=0: of n verified drafts the first min(n, m) are accepted; the committed tokens (accepted
@@ -671,13 +720,37 @@ class SimEngine:
         new.append(tr.target_token[r.base + (r.off + a) % r.n])
         return a, new
 
+    @property
+    def packs_passes(self) -> bool:
+        """Whether draft rounds are priced pass by pass (`_packed_rounds_s`): the passes have weights, or
+        rows admitted into the step ride them (a vLLM profile's simulator). Else `_rounds_s`'s closed form."""
+        return self._pass_weights is not None or self._joining is not None
+
+    def _packed_rounds_s(self, per_pass: list[tuple[int, int]], rounds: int, starting: int,
+                         starting_context: int) -> float:
+        """One step's draft rounds on packed rows, `per_pass[i]` = (rows, Σ their context) of its pass i
+        (`rounds` passes drafting), and the round's cost over the `starting` requests (Σ
+        `starting_context`) whose round it starts. Rows admitted into the step (`_joining`: vLLM drafts
+        for a request in the step that prefills it) ride passes 1..rounds − 1 and the round, once — their
+        pass 0 feeds the prompt, the draft's prefill `add` priced."""
+        joining = self._joining
+        if joining is not None and rounds:
+            jn, jc = joining
+            per_pass = ([per_pass[0]] + [(n + jn, c + jc + jn * i) for i, (n, c) in enumerate(per_pass[1:rounds], 1)]
+                        + list(per_pass[rounds:]))
+            starting, starting_context = starting + jn, starting_context + jc
+            self._joining = None  # charged once: a frontier step drafts its chunks in several calls
+        dt = self._weighted_rounds_s(per_pass)
+        if self._round is not None and starting:
+            dt += self._round.forward(starting_context, starting)
+        return dt
+
     def _weighted_rounds_s(self, per_pass: Sequence[tuple[int, int]]) -> float:
         """Draft passes priced one by one, `per_pass[i]` = (rows, Σ their context) of a round's pass i:
         w_{i+1}·(α·N_c + γ·n + δ + λ·log2 n + μ·[n ≥ 2]) — the weights (`SimCosts.draft_pass_weights`) price
         a pass by its place in the round."""
         _, g, d = self._draft_coef
         alpha, lam, multi, weights = self._draft_alphas[1], self._draft_lam, self._draft_multi, self._pass_weights
-        assert weights is not None
         dt = 0.0
         for i, (n, context) in enumerate(per_pass):
             if n <= 0:
@@ -687,7 +760,7 @@ class SimEngine:
                 t += lam * math.log2(n)
             if n >= 2:
                 t += multi
-            dt += t * (weights[i] if i < len(weights) else weights[-1])
+            dt += t * (1.0 if weights is None else weights[i] if i < len(weights) else weights[-1])
         return dt
 
     def _rounds_s(self, weighted: float, drafted: int, rounds: int, ending: list[int]) -> float:
@@ -954,6 +1027,7 @@ class SimEngine:
             self.totals["draft_s"] += draft_s
             self.totals["verify_s"] += verify_s
         draft_s, self._draft_since_verify = self._draft_since_verify + draft_s, 0.0
+        self._end_step()
         return draft_s, verify_s
 
 

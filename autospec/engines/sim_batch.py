@@ -118,6 +118,8 @@ class SimBatch:
             dt = e._fused_prefill_time(tokens, alone=alone)
         e._clock += dt
         e.totals["prefill_s"] += dt
+        if e._admission_rounds and e._speculative:
+            e._admitted((m, tokens + m), alone)
         return dt, room <= 0
 
     def drop(self, rows: np.ndarray) -> np.ndarray:
@@ -166,6 +168,7 @@ class SimBatch:
         e._clock += dt
         e.totals["verify_s"] += dt
         draft_s, e._draft_since_verify = e._draft_since_verify, 0.0
+        e._end_step()
         room = self.room[:b]
         room -= accepted1
         committed = accepted1
@@ -211,11 +214,21 @@ class SimBatch:
                 rows = context[ks == k]
                 longest[k], shortest[k] = int(_MAX(rows)), int(_MIN(rows))
             dt = e._padded_rounds_s(ending, longest, shortest, rounds, 1 + int(_MAX(self.lag_extra[:b][drafting])))
+            if e._round is not None:
+                dt += e._round.forward(int(_SUM(context[drafting])), int(_SUM(drafting)))
+        elif e.packs_passes:  # pass i: the rows drafting more than i tokens, at their context + i
+            per_pass = []
+            for i in range(e.k_max):
+                active = ks > i
+                n = int(_SUM(active))
+                per_pass.append((n, int(_SUM(context[active])) + n * i))
+            dt = e._packed_rounds_s(per_pass, rounds, int(_SUM(drafting)), int(_SUM(context[drafting])))
         else:  # Σ over drafted tokens of their context: Σ k·context + k(k−1)/2, whole numbers
             weighted = int(_SUM(ks * context)) + int(_SUM(ks * (ks - 1) // 2))
             dt = e._rounds_s(float(weighted), int(_SUM(ks)), rounds, ending)
-        if e._round is not None:
-            dt += e._round.forward(int(_SUM(context[drafting])), int(_SUM(drafting)))
+            if e._round is not None:
+                dt += e._round.forward(int(_SUM(context[drafting])), int(_SUM(drafting)))
+        e._step_passes += rounds
         e._clock += dt
         e._draft_since_verify += dt
         e.totals["draft_s"] += dt
@@ -262,14 +275,19 @@ class SimBatch:
     def _draft(self, b: int, k: int, total: int, longest: int, shortest: int) -> None:
         """k draft rounds over rows 0..b-1, priced as `SimEngine.draft_rounds` prices them."""
         e = self.engine
-        if self.padded:
-            dt = e._uniform_padded_rounds_s(b, k, longest, shortest, 1 + int(_MAX(self.lag_extra[:b])))
-        else:  # Σ over drafted tokens of their context: k·Σ context + b·k(k−1)/2, whole numbers
-            ending = [0] * (e.k_max + 1)
-            ending[k] = b
-            dt = e._rounds_s(float(k * total + b * (k * (k - 1) // 2)), k * b, k, ending)
-        if e._round is not None:
-            dt += e._round.forward(total, b)
+        if e.packs_passes and not self.padded:  # pass i: every row, at its context + i
+            per_pass = [(b, total + b * i) for i in range(k)] + [(0, 0)] * (e.k_max - k)
+            dt = e._packed_rounds_s(per_pass, k, b, total)
+        else:
+            if self.padded:
+                dt = e._uniform_padded_rounds_s(b, k, longest, shortest, 1 + int(_MAX(self.lag_extra[:b])))
+            else:  # Σ over drafted tokens of their context: k·Σ context + b·k(k−1)/2, whole numbers
+                ending = [0] * (e.k_max + 1)
+                ending[k] = b
+                dt = e._rounds_s(float(k * total + b * (k * (k - 1) // 2)), k * b, k, ending)
+            if e._round is not None:
+                dt += e._round.forward(total, b)
+        e._step_passes += k
         e._clock += dt
         e._draft_since_verify += dt
         e.totals["draft_s"] += dt

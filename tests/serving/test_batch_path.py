@@ -52,8 +52,13 @@ def run(tmp_path_factory):
 
 def _engine(base: FittedSimEngine, layout: str, temperature: float) -> SimEngine:
     costs = base.costs
-    if layout == "packed-round":  # vLLM's structure: a drafting round's own cost and fused prefill
-        costs = dataclasses.replace(costs, draft_round=LinearCoeffs(alpha=2e-7, gamma=3e-5, delta=4e-4))
+    if layout == "packed-round":  # vLLM's structure: fused prefill, a drafting round's own cost, each draft
+        # pass weighed by its place in the round, SD's target passes on their own clock, and the drafter
+        # proposing for requests in the step that prefills them (sim.SimEngine._admitted)
+        costs = dataclasses.replace(costs, draft_round=LinearCoeffs(alpha=2e-7, gamma=3e-5, delta=4e-4),
+                                    draft_pass_weights=(0.7, 1.4, 1.1, 1.0, 0.9),
+                                    drafting_target=LinearCoeffs(alpha=3e-7, gamma=2e-4, delta=6e-3, lam=1e-4,
+                                                                 multi=5e-4))
     return SimEngine(base.traces, costs, k_max=K_MAX, temperature=temperature, seed=7,
                      padded_batches=layout == "padded", fused_prefill=layout == "packed-round")
 

@@ -218,19 +218,74 @@ def test_a_vllm_draft_step_not_linear_in_k_prices_each_pass_by_its_place_in_the_
     requests = [ServeRequest(i, 0.01 * i, SyntheticPrompt(30 + 7 * i, 100, i), 30 + 3 * i, ("code", "chat")[i % 2])
                 for i in range(12)]
 
-    def replay(fast: bool):
+    def replay(path: str):
         engine = SimEngine.from_dirs(run, seed=5)
-        if not fast:  # hide the fast path: draft_rounds falls back to one draft call per round
+        if path == "per pass":  # hide draft_rounds: the per-request path drafts one `draft` call per pass
             engine.draft_rounds = None
         rec = serve(engine, build_strategy(load_preset("static-k3")), requests, max_batch=6,
-                    settings=StepSettings(k_max=K_MAX, latency_model=engine.latency_model))
+                    settings=StepSettings(k_max=K_MAX, latency_model=engine.latency_model),
+                    batch_path=path == "batch")
         return rec.steps_frame()
 
-    fast_steps, slow_steps = replay(True), replay(False)
-    np.testing.assert_allclose(fast_steps["draft_s"], slow_steps["draft_s"], rtol=1e-9)
-    np.testing.assert_allclose(fast_steps["end_s"], slow_steps["end_s"], rtol=1e-9)
+    batch_steps = replay("batch")  # the simulator's batch path (serving.batch), which static K replays take
+    assert batch_steps["admitted"].sum() > 0  # requests join running steps and ride their draft passes
+    for path in ("per request", "per pass"):
+        steps = replay(path)
+        np.testing.assert_allclose(steps["draft_s"], batch_steps["draft_s"], rtol=1e-9)
+        np.testing.assert_allclose(steps["end_s"], batch_steps["end_s"], rtol=1e-9)
     linear = fit_profile(write_synthetic_run(tmp_path / "linear", engine="vllm", draft_round=round_coef))
     assert linear.draft_pass_weights == pytest.approx([1.0] * K_MAX, rel=1e-3)  # a step linear in K: every pass 1
+
+
+def test_on_vllm_a_request_drafts_in_the_step_that_prefills_it(tmp_path):
+    """vLLM's drafter proposes for a request in the step that prefills it (its next step verifies those
+    drafts): a request admitted into a running step rides that step's draft passes after the first (whose
+    prompt the draft's prefill prices) and its round; a prefill-only step runs the proposal itself at the
+    latest drafting step's K — nothing before any step drafted, nothing without SD or on a torch profile."""
+    round_coef = (3e-7, 4e-4, 1e-3)
+    run = write_synthetic_run(tmp_path, engine="vllm", draft_round=round_coef, step_passes={1: 1.3, 2: 2.0, 4: 3.4})
+    write_fit(run, fit_profile(run))  # pass weights 1.3, 0.7, 0.7, 0.7
+    a, g, d = TRUE["draft"]
+    ra, rg, rd = round_coef
+
+    sim = SimEngine.from_dirs(run)
+    t0 = sim.now()
+    first = sim.add([GenRequest(range(100), 50)]).req_ids  # alone, and no step has drafted yet
+    assert sim.now() - t0 == pytest.approx(sim._fused_prefill_time(100, alone=True), rel=1e-12)
+    sim.draft_rounds(first, [2])
+    sim.verify({first[0]: 2})  # a step of K = 2; the request's context is now 101 + committed
+    running = sim._reqs[first[0]].context
+    t1 = sim.now()
+    joined = sim.add([GenRequest(range(60), 50)]).req_ids  # into the running request's step
+    assert sim.now() - t1 == pytest.approx(sim._fused_prefill_time(60, alone=False), rel=1e-12)
+    t2 = sim.now()
+    sim.draft_rounds(first, [2])
+    pass_0 = 1.3 * (a * running + g + d)  # the running row; the new one's pass 0 is its prompt
+    pass_1 = 0.7 * (a * (running + 1 + 61 + 1) + g * 2 + d)  # both rows, one draft deep
+    assert sim.now() - t2 == pytest.approx(pass_0 + pass_1 + ra * (running + 61) + rg * 2 + rd, rel=1e-9)
+    sim.verify({first[0]: 2})
+
+    sim.remove(first + joined)
+    t3 = sim.now()
+    sim.add([GenRequest(range(40), 50)])  # alone: the proposal at the last step's K = 2
+    proposal = 0.7 * (a * 42 + g + d) + ra * 41 + rg + rd
+    assert sim.now() - t3 == pytest.approx(sim._fused_prefill_time(40, alone=True) + proposal, rel=1e-9)
+
+    plain = SimEngine.from_dirs(run)  # no SD: no drafter to propose
+    plain.set_speculative(False)
+    ids = plain.add([GenRequest(range(100), 50)]).req_ids
+    plain.verify({ids[0]: 0})
+    t4 = plain.now()
+    plain.add([GenRequest(range(60), 50)])
+    assert plain.now() - t4 == pytest.approx(plain._fused_prefill_time(60, alone=False), rel=1e-12)
+    assert plain._joining is None
+
+    torch_sim = SimEngine.from_dirs(write_synthetic_run(tmp_path / "torch"))  # the torch engine drafts next step
+    ids = torch_sim.add([GenRequest(range(100), 50)]).req_ids
+    torch_sim.draft_rounds(ids, [2])
+    torch_sim.verify({ids[0]: 2})
+    torch_sim.add([GenRequest(range(60), 50)])
+    assert torch_sim._joining is None
 
 
 def test_draft_line_splits_vllm_draft_steps_into_per_pass_and_per_round():

@@ -56,7 +56,14 @@ intercept of draft time per step over K (docs/architecture.md, "sim"), weighs ea
 place in the round (`SimCosts.draft_pass_weights`: vLLM's draft step is not linear in K); and it prices a target pass
 that verifies drafts by the target's clock on the draft_model engine (`SimCosts.drafting_target`),
 the engine a replay serves SD with, whose steps cost more than the fixed-K engine's that the clock's
-other passes are fitted to. Under an SM split r > 0
+other passes are fitted to. vLLM's drafter also proposes for a request in the step that prefills it
+(the next step verifies those drafts; the simulator draws the tokens in that next step as before —
+what is accepted does not depend on when it was proposed — and prices the proposal's work where vLLM
+does it, one round per request more than its verifying steps): a request admitted into a running
+step rides that step's draft passes after the first — whose pass over the prompt is the draft's
+prefill `add` priced — and its round (`_packed_rounds_s`), and a prefill-only step runs the proposal
+alone, priced at the latest drafting step's passes (`_admitted`; docs/vllm.md, "The simulator against
+vLLM"). Under an SM split r > 0
 (`configure_execution`, or per step `set_step_sm_split`: GP-LCB's choice) with FASER models that
 know r (`FaserModels.has_r_axis`), every pass is priced by those models instead — a draft pass
 T_q(N_b, 1, r), a target pass T_p(b, n̄ + 1, 1 − r) for n̄ the mean drafts verified — because the
@@ -873,6 +880,39 @@ class SimEngine:
             return self._weighted_rounds_s(per_pass) + round_s + verify_s
         weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
+
+    def step_parts_s(self, contexts: Sequence[int], lengths: Sequence[int],
+                     prompts: Sequence[int] = ()) -> tuple[float, float]:
+        """(draft seconds, target seconds) the simulator charges a step on packed rows (vLLM's layout)
+        whose rows at `contexts[i]` draft `lengths[i]` tokens and are verified, with requests of
+        `prompts[j]` prompt tokens prefilled inside it (fused prefill): the draft side is the rounds —
+        the admitted requests' proposal riding them (`_admitted`) — and the draft's prefill per token,
+        the target side the verify pass and the target's prefill per token. Pure: the clock does not
+        move. benchmarks/vllm_admission_steps.py prices a vLLM replay's steps with it, each side against
+        what vLLM's records measured. ValueError on padded rows or under an SM split."""
+        if self.padded_batches or self._split_r:
+            raise ValueError("step_parts_s prices packed rows without an SM split (a vLLM profile's simulator)")
+        c, k = np.asarray(contexts, np.int64), np.asarray(lengths, np.int64)
+        drafted, rounds = int(k.sum()), int(k.max()) if len(k) else 0
+        per_pass = []
+        for i in range(rounds):
+            active = k > i
+            n = int(active.sum())
+            per_pass.append((n, int(c[active].sum()) + n * i))
+        tokens = int(sum(prompts))
+        saved = self._joining
+        proposing = bool(prompts) and self._admission_rounds and self._speculative
+        self._joining = (len(prompts), tokens + len(prompts)) if proposing else None
+        try:
+            draft = (self._packed_rounds_s(per_pass, rounds, int((k > 0).sum()), int(c[k > 0].sum()))
+                     if rounds else 0.0)
+        finally:
+            self._joining = saved
+        (at, _), (ad, _) = self.costs.prefill_target, self.costs.prefill_draft
+        if self._speculative:
+            draft += max(0.0, ad) * tokens
+        target = self._target_pass_s(int(c.sum()), drafted + len(c), drafted == 0) + max(0.0, at) * tokens
+        return draft, target
 
     def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:
         """One target pass on the clock model: α·N_c + γ·N_b + δ (+ λ·log2 N_b + μ·[N_b ≥ 2]), N_b = tokens

@@ -14,7 +14,8 @@ It is the same simulator, not an approximation of it:
   module docstring of engines/sim.py) falls below the proposal rule's probability — the same hash
   computed on uint64 arrays, which wrap as the Python code masks;
 * clock: every pass is priced by the engine's own pricing methods (`_padded_rounds_s`, `_rounds_s`,
-  `_target_pass_s`, `costs.prefill_time`, `_fused_prefill_time`) from the same aggregates — sums of
+  `_packed_rounds_s` — weighted passes and admitted requests' proposals on a vLLM profile —,
+  `_target_pass_s`, `costs.prefill_time`, `_fused_prefill_time`, `_admitted`) from the same aggregates — sums of
   whole numbers, exact in float64 whatever the order — so the clock is bit-for-bit the per-request
   path's, and so are the engine's totals.
 

@@ -133,7 +133,8 @@ def serve_batched(engine: SimEngine, strategy: Strategy, requests: Sequence[Serv
                 at_prefill = np.zeros(batch.n, bool)
                 at_prefill[running:] = finished_now
         # fused prefill (vLLM's step): the new requests' prefill runs inside this step, their first token
-        # comes at its end and they draft from the next step on
+        # comes at its end and they join the batch from the next step on (the engine prices the proposal
+        # vLLM makes for them in this one: SimEngine._admitted)
         steps = running if fused else batch.n - (0 if at_prefill is None else int(at_prefill.sum()))
         if joining and not (fused and steps):
             journal.first_tokens(records, new, t_first)

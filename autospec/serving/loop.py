@@ -34,7 +34,8 @@ Each iteration:
    token (or the next token of a resumed one); they join this iteration's step — except on an engine
    with `FusedPrefill.fused_prefill` set (the simulator calibrated from a vLLM profile), where, as in vLLM, the
    prefills run inside the step of the running requests, the first tokens come at that step's end
-   and the new requests draft from the next step on;
+   and the new requests are drafted for and verified from the next step on (the engine prices the
+   proposal vLLM makes for them inside the admitting step: `SimEngine._admitted`);
 6. `sd_step` drafts, verifies and lets every policy observe, for the whole batch; the engine's
    `true_match_len` (the simulator's oracle signal) is passed along when the engine offers
    `TrueMatchLength` and some policy reads it, and its step clock (`StepClock.step_time_s`, in
@@ -224,7 +225,8 @@ class _Serving:
             prefill_s, admitted, t_admit, t_first = self._admit(admit)
             # A fused-prefill engine (vLLM's structure) runs the prefills inside this step, with the running
             # requests: their first token comes at its end (at once if nothing runs: a prefill-only step)
-            # and they draft from the next step on.
+            # and they join the batch from the next step on (the engine prices the proposal vLLM makes for
+            # them in this one: SimEngine._admitted).
             batch = [s for s in (keep if fused_prefill else chain(keep, admit)) if not s.finished]
             if admitted and not (fused_prefill and batch):
                 self._first_tokens(admitted, t_admit, t_first)

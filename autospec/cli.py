@@ -507,7 +507,7 @@ def fit(
 ) -> None:
     """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and the acceptance calibration (STS,
     isotonic, Platt; the lowest held-out ECE is DSpark's) to a profile."""
-    from autospec.fit import fit_profile, write_fit
+    from autospec.fit import fit_profile, loose_clocks_warning, write_fit
 
     check_output(run_dir / "fit", directory=True, field="run-dir")
     models = fit_profile(run_dir, seed=seed)
@@ -554,6 +554,9 @@ def fit(
     for domain, probs in models.per_position_acceptance.items():
         table.add_row(f"P(m ≥ 1..{len(probs)}) {domain}", "", " ".join(f"{p:.2f}" for p in probs))
     out.print(table)
+    warning = loose_clocks_warning(models)
+    if warning:
+        out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     out.print(f"fit written to {path}")
 
 
@@ -678,8 +681,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
                   "(--engine sim).", soft_wrap=True)
     if summary.get("shift"):
         out.print(_shift_line(summary["shift"]), soft_wrap=True)
-    warnings = ((summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"),
-                (summary.get("host_load") or {}).get("note"))
+    warnings = ((summary.get("outside_profile") or {}).get("warning"), (summary.get("fit_health") or {}).get("warning"),
+                (summary.get("host_speed") or {}).get("note"), (summary.get("host_load") or {}).get("note"))
     for warning in warnings:
         if warning:
             out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)

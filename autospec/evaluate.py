@@ -77,7 +77,15 @@ from autospec.config import SCHEMA_VERSION, EngineSpec, PairSpec
 from autospec.contract import LatencyModel
 from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
-from autospec.fit import FittedSimEngine, load_fit, profiled_grid
+from autospec.fit import (
+    CLOCK_MAPE_LIMIT,
+    FittedSimEngine,
+    fit_profile,
+    load_fit,
+    loose_clocks,
+    loose_clocks_warning,
+    profiled_grid,
+)
 from autospec.policies.base import policy_class
 from autospec.profile import (
     HOST_SPEED_DISTURBED,
@@ -426,6 +434,8 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
                         pd.concat(step_frames, ignore_index=True), telemetry)
     # which simulated figures rest on shapes the profile never measured (autospec.serving.coverage)
     summary["outside_profile"] = _outside_profile(spec, result) if spec.engine == "sim" else None
+    # whether the fit the simulator prices with misses its own profile (fit.loose_clocks: a disturbed profile)
+    summary["fit_health"] = _fit_health(spec) if spec.engine == "sim" else None
     if out_dir is not None:
         _write_artifacts(out_dir, spec, result)
     return result
@@ -440,6 +450,15 @@ def _outside_profile(spec: EvaluateSpec, result: EvalResult) -> dict[str, Any]:
     per_strategy = {name: outside_grid(requests, steps[name], grid)
                     for name, requests in result.requests.groupby("strategy", sort=False)}
     return {"grid": grid.model_dump(), "strategies": per_strategy, "warning": outside_text(per_strategy, grid)}
+
+
+def _fit_health(spec: EvaluateSpec) -> dict[str, Any]:
+    """The simulator's clocks that miss their own profile's held-out rows (`fit.loose_clocks`), the limit,
+    and the warning line naming them (None when every clock holds)."""
+    assert spec.profile is not None  # the simulator needs one (open_sim_replay)
+    fitted = (Path(spec.profile) / "fit" / "models.json").is_file()  # else the simulator fitted it in memory
+    models = load_fit(spec.profile).models if fitted else fit_profile(spec.profile)
+    return {"limit": CLOCK_MAPE_LIMIT, "loose_clocks": loose_clocks(models), "warning": loose_clocks_warning(models)}
 
 
 def relative_to_baseline(one: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:

@@ -50,6 +50,7 @@ class EvalSummaryShape(BaseModel):
     host_speed: dict[str, Any] | None = None
     shift: dict[str, Any] | None = None
     outside_profile: dict[str, Any] | None = None
+    fit_health: dict[str, Any] | None = None  # the simulator's clocks that miss their profile (fit.loose_clocks)
     host_load: dict[str, Any] | None = None  # a real engine's other-process CPU share (telemetry.HostLoadMeter)
 
 

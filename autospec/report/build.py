@@ -190,11 +190,11 @@ CLOSED_LOOP_HEADERS = {"throughput_tok_s": "throughput at {n} in flight (tok/s)"
 
 
 def _warnings(summary: Mapping) -> list[str]:
-    """evaluate's warning lines: simulated shapes the profile never measured (serving.coverage), a real
-    engine's host running off its profiled speed (autospec.profile.HostSpeedCheck) or busy with other
-    processes (autospec.telemetry.HostLoadMeter)."""
-    lines = [(summary.get("outside_profile") or {}).get("warning"), (summary.get("host_speed") or {}).get("note"),
-             (summary.get("host_load") or {}).get("note")]
+    """evaluate's warning lines: simulated shapes the profile never measured (serving.coverage), a fit that
+    misses its own profile (fit.loose_clocks), a real engine's host running off its profiled speed
+    (autospec.profile.HostSpeedCheck) or busy with other processes (autospec.telemetry.HostLoadMeter)."""
+    lines = [(summary.get("outside_profile") or {}).get("warning"), (summary.get("fit_health") or {}).get("warning"),
+             (summary.get("host_speed") or {}).get("note"), (summary.get("host_load") or {}).get("note")]
     return [line for line in lines if line]
 
 

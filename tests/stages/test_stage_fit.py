@@ -133,6 +133,49 @@ def test_cli_fit_writes_models_json_and_load_fit_round_trips(tmp_path):
     assert fit.sts.temperatures == data["sts"]["temperatures"]
 
 
+def test_a_clock_that_misses_its_own_profile_is_named_by_fit_and_evaluate(tmp_path):
+    """A vLLM profile whose plain-engine rows caught a slow spell (4 of them 1.6x what the engine's line
+    says) gives a plain clock missing its held-out rows by far more than CLOCK_MAPE_LIMIT: `autospec fit`
+    and evaluate's summary (so its CLI line and the report) name that clock; a clean profile names none."""
+    import pandas as pd
+
+    from autospec.artifacts import write_parquet
+    from autospec.evaluate import EvaluateSpec, run_evaluate
+    from autospec.fit import CLOCK_MAPE_LIMIT, loose_clocks, loose_clocks_warning
+
+    from stage_helpers import synthetic_workload
+
+    plain = (1.0e-6, 2.2e-4, 8e-3)
+    clean = write_synthetic_run(tmp_path / "clean", engine="vllm", plain=plain, draft_round=(3e-7, 4e-4, 1e-3))
+    assert loose_clocks(fit_profile(clean)) == {} and loose_clocks_warning(fit_profile(clean)) is None
+
+    slow = write_synthetic_run(tmp_path / "slow", engine="vllm", plain=plain, draft_round=(3e-7, 4e-4, 1e-3))
+    path = slow / "profile" / "latency.parquet"
+    latency = pd.read_parquet(path)
+    rows = latency.index[latency["phase"] == "decode_plain"]
+    latency.loc[rows[::3], "median_s"] *= 1.6  # every third plain row timed through the slow spell
+    write_parquet(path, latency)
+    res = runner.invoke(app, ["fit", str(slow)])
+    assert res.exit_code == 0, res.output
+    models = load_fit(slow).models
+    loose = loose_clocks(models)
+    assert list(loose) == ["plain-engine target clock"] and loose["plain-engine target clock"] > CLOCK_MAPE_LIMIT
+    output = " ".join(res.output.split())
+    assert "warning: the fit misses its own profile's held-out rows" in output and "plain-engine target clock" in output
+
+    workload = tmp_path / "w.toml"
+    workload.write_text(synthetic_workload("w", rate=4.0, duration_s=5.0, max_requests=12, prompt_tokens=40,
+                                           output_tokens=16))
+    for run, warned in ((slow, True), (clean, False)):
+        if run is clean:
+            write_fit(clean, fit_profile(clean))
+        summary = run_evaluate(EvaluateSpec(workload=workload, strategies=["static-k2"], engine="sim", profile=run,
+                                            k_max=K_MAX, capacity=None), tmp_path / f"eval-{run.name}").summary
+        health = summary["fit_health"]
+        assert health["limit"] == CLOCK_MAPE_LIMIT
+        assert (health["warning"] is not None) is warned and bool(health["loose_clocks"]) is warned
+
+
 def _one_line_error(res) -> str:
     assert res.exit_code == 2, res.output
     text = res.stderr.strip()

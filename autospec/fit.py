@@ -724,8 +724,8 @@ def fit_profile(run_dir: Path, seed: int = 0) -> FitModels:
 # [chosen] a clock whose held-out MAPE exceeds this misses its own profile's rows by more than a profile of a
 # quiet host does: 17 fits of the bundled pair on the 2-core CI VM (torch and vLLM, s27-s33) read 1.9-11.3% for
 # every clock but one, a vLLM plain-engine clock at 16.7% whose profile timed 4 of its 12 rows at 1.5-2.1x the
-# same shapes in the profile before (a slow spell), and whose simulator then priced vLLM's no-SD steps 21-23%
-# high (docs/vllm.md, "Run l")
+# same shapes in the profile before (the host busy with other processes), and whose simulator then priced
+# vLLM's no-SD steps 21-23% high (docs/vllm.md, "The simulator against vLLM")
 CLOCK_MAPE_LIMIT = 0.15
 
 

@@ -30,13 +30,14 @@ def shared_file(name: str) -> Path:
     return path
 
 
-def assert_bench_refuses(script: str, args: list[str], says: str, out: Path) -> None:
-    """`benchmarks/<script>` given bad flags: exit 2, exactly one `error: <says> (see <script> --help)` line,
-    no traceback, and `out` (its --out) not written (benchmarks/bench_args.py)."""
+def assert_bench_refuses(script: str, args: list[str], says: str, out: Path, usage: bool = True) -> None:
+    """`benchmarks/<script>` given bad flags (`usage`) or bad input: exit 2, exactly one `error: <says>` line —
+    `(see <script> --help)` after it for a flag —, no traceback, and `out` (its --out) not written
+    (benchmarks/bench_args.py)."""
     res = subprocess.run([sys.executable, f"benchmarks/{script}", *args, "--out", str(out)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().splitlines() == [f"error: {says} (see {script} --help)"]
+    assert res.stderr.strip().splitlines() == [f"error: {says}" + (f" (see {script} --help)" if usage else "")]
     assert "Traceback" not in res.stderr and not out.exists()
 
 

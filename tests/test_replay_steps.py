@@ -5,9 +5,6 @@ run.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from autospec.evaluate import open_sim_replay
@@ -15,7 +12,7 @@ from autospec.serving.metrics import step_speed
 from autospec.strategy import load_preset
 from autospec.workloads.spec import load_workload
 
-from autospec_testing import REPO
+from autospec_testing import REPO, assert_bench_refuses
 from benchmarks.vllm_replay_steps import by_batch, spread
 from stage_helpers import slowed_records
 
@@ -48,13 +45,9 @@ def test_a_directory_that_is_not_a_vllm_run_is_one_line_and_writes_nothing(tmp_p
     torch_run.mkdir()
     (torch_run / "config.toml").write_text(f'stages = ["profile"]\nworkload = "{REPO}/workloads/bursty.toml"\n'
                                            '[engine]\nkind = "torch"\n')
-    cases = {tmp_path / "missing": f"error: {tmp_path / 'missing'}: not an autospec run directory (no config.toml)",
-             PROFILE: f"error: {PROFILE}: not an autospec run directory (no config.toml)",
-             torch_run: (f"error: {torch_run / 'config.toml'} [engine.kind]: its engine is 'torch': this compares vLLM "
+    cases = {tmp_path / "missing": f"{tmp_path / 'missing'}: not an autospec run directory (no config.toml)",
+             PROFILE: f"{PROFILE}: not an autospec run directory (no config.toml)",
+             torch_run: (f"{torch_run / 'config.toml'} [engine.kind]: its engine is 'torch': this compares vLLM "
                          "replays with a vLLM profile")}
     for run_dir, message in cases.items():
-        res = subprocess.run([sys.executable, "benchmarks/vllm_replay_steps.py", "--run-dir", str(run_dir),
-                              "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert res.returncode == 2, res.stderr
-        assert res.stderr.strip().splitlines() == [message]
-        assert not out.exists()
+        assert_bench_refuses("vllm_replay_steps.py", ["--run-dir", str(run_dir)], message, out, usage=False)

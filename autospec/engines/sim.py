@@ -268,6 +268,18 @@ class _SimRequest:
         self.room -= committed
 
 
+
+def passes_of(contexts: np.ndarray, lengths: np.ndarray, rounds: int) -> list[tuple[int, int]]:
+    """Per draft pass i < `rounds` of a step whose rows at `contexts` draft `lengths` tokens: (the rows still
+    drafting, Σ their context + i) — what `SimEngine._weighted_rounds_s` prices pass by pass."""
+    out = []
+    for i in range(rounds):
+        active = lengths > i
+        n = int(active.sum())
+        out.append((n, int(contexts[active].sum()) + n * i))
+    return out
+
+
 class SimEngine:
     """Discrete-event SD engine over recorded traces; implements `autospec.engines.base.Engine`.
 
@@ -427,12 +439,11 @@ class SimEngine:
         if not alone:
             self._joining = joining
             return
-        rows, context = joining
         passes = self._last_step_passes
-        if passes <= 0 or self._round is None:
+        if passes <= 0:
             return
-        per_pass = [(0, 0)] + [(rows, context + rows * i) for i in range(1, passes)]
-        dt = self._weighted_rounds_s(per_pass) + self._round.forward(context, rows)
+        self._joining = joining  # the only rows of the round's passes (`_packed_rounds_s` clears it)
+        dt = self._packed_rounds_s([(0, 0)] * passes, passes, 0, 0)
         self._clock += dt
         self.totals["draft_s"] += dt
 
@@ -872,12 +883,7 @@ class SimEngine:
         round_s = (self._round.forward(int(contexts[drafting].sum()), starting)
                    if self._round is not None and starting else 0.0)
         if self._pass_weights is not None:
-            per_pass = []
-            for i in range(rounds):
-                active = lengths > i
-                rows = int(active.sum())
-                per_pass.append((rows, int(contexts[active].sum()) + rows * i))
-            return self._weighted_rounds_s(per_pass) + round_s + verify_s
+            return self._weighted_rounds_s(passes_of(contexts, lengths, rounds)) + round_s + verify_s
         weighted = float(int((lengths * contexts).sum()) + int((lengths * (lengths - 1) // 2).sum()))
         return self._rounds_s(weighted, drafted, rounds, ending) + round_s + verify_s
 
@@ -894,11 +900,7 @@ class SimEngine:
             raise ValueError("step_parts_s prices packed rows without an SM split (a vLLM profile's simulator)")
         c, k = np.asarray(contexts, np.int64), np.asarray(lengths, np.int64)
         drafted, rounds = int(k.sum()), int(k.max()) if len(k) else 0
-        per_pass = []
-        for i in range(rounds):
-            active = k > i
-            n = int(active.sum())
-            per_pass.append((n, int(c[active].sum()) + n * i))
+        per_pass = passes_of(c, k, rounds)
         tokens = int(sum(prompts))
         saved = self._joining
         proposing = bool(prompts) and self._admission_rounds and self._speculative

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autospec.engines.sim import _DRAW_STRIDE, SimEngine, _mix, _TraceSlices
+from autospec.engines.sim import _DRAW_STRIDE, SimEngine, _mix, _TraceSlices, passes_of
 from autospec.errors import InputError
 
 __all__ = ["SimBatch"]
@@ -218,12 +218,8 @@ class SimBatch:
             if e._round is not None:
                 dt += e._round.forward(int(_SUM(context[drafting])), int(_SUM(drafting)))
         elif e.packs_passes:  # pass i: the rows drafting more than i tokens, at their context + i
-            per_pass = []
-            for i in range(e.k_max):
-                active = ks > i
-                n = int(_SUM(active))
-                per_pass.append((n, int(_SUM(context[active])) + n * i))
-            dt = e._packed_rounds_s(per_pass, rounds, int(_SUM(drafting)), int(_SUM(context[drafting])))
+            dt = e._packed_rounds_s(passes_of(context, ks, rounds), rounds, int(_SUM(drafting)),
+                                    int(_SUM(context[drafting])))
         else:  # Σ over drafted tokens of their context: Σ k·context + k(k−1)/2, whole numbers
             weighted = int(_SUM(ks * context)) + int(_SUM(ks * (ks - 1) // 2))
             dt = e._rounds_s(float(weighted), int(_SUM(ks)), rounds, ending)

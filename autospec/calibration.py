@@ -150,6 +150,9 @@ class ProfileMeta(BaseModel):
     engine: Literal["torch", "vllm"] = "torch"
     device: str = "cpu"
     prompt_set: dict[str, Any] | None = None  # workloads.prompts.prompt_set_digest of the trace prompts
+    # the prompts a vLLM profile's decode rows were timed on (latency_profile.decode_prompt_lengths): "ragged"
+    # since they are; absent in a profile written before, whose rows' batches were "uniform"
+    decode_prompts: Literal["uniform", "ragged"] = "uniform"
 
 
 def read_profile_meta(run_dir: str | Path) -> ProfileMeta | None:

@@ -587,6 +587,7 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     from autospec.serving.factory import build_engine, load_tokenizer, prompt_token_ids, random_vocab
 
     latency_from = latency_units = None
+    engine_meta: dict[str, Any] = {}
     if engine_kind == "vllm":
         from autospec.serving.vllm import latency_profile as vllm_profile
         from autospec.serving.vllm.engine import require_vllm
@@ -594,6 +595,7 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
         require_vllm()
         latency_from = functools.partial(vllm_profile.profile_latency, pair.target, pair.draft)
         latency_units = vllm_profile.profile_units(settings)
+        engine_meta["decode_prompts"] = vllm_profile.DECODE_PROMPTS
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
@@ -619,7 +621,8 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     prompt_set = prompt_set_digest(texts or [Prompt("", p.domain, p.prompt_id, list(p.ids)) for p in encoded])
     write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind,
                                               "prompt_set": prompt_set,
-                                              "workload": str(workload) if from_workload else None})
+                                              "workload": str(workload) if from_workload else None,
+                                              **engine_meta})
     config = {"command": "profile", "settings": settings.model_dump(), "device": device,
               "pair": pair.model_dump(mode="json")}
     inputs = list(prompt_files) + ([workload] if from_workload else [])

@@ -38,7 +38,6 @@ over-pricing of no-SD replays, and not the K >= 2 steps' run over the clock (doc
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -65,22 +64,6 @@ def full_batch_steps(steps: list[dict], batch: int, warmup: int, timed: int) -> 
 
     full = [s for s in steps if not any(s["first"]) and len(s["ids"]) == batch and step_period(s) is not None]
     return full[warmup:warmup + timed]
-
-
-async def serve_together(engine: Any, prompts: list[list[int]], max_tokens: int, tag: str) -> None:
-    """`prompts` on an AsyncLLM as concurrent greedy streams, FINAL_ONLY, as a replay submits requests."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
-
-    async def one(i: int, prompt: list[int]) -> None:
-        async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=f"{tag}-{i}"):
-            pass
-
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
 
 def strategies_of(ks: list[int]) -> dict[str, int]:
@@ -111,12 +94,10 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
             warmup: int) -> dict[tuple[str, str, int], list[dict]]:
     """Per (form, strategy, batch): the step-log rows of every timed step over all rounds."""
     from autospec.models import BUNDLED_TARGET
-    from autospec.serving.vllm.engine import config_vocab_size, generate_tokens, require_vllm
+    from autospec.serving.vllm.engine import OnlineEngine, config_vocab_size, generate_tokens, require_vllm
     from autospec.serving.vllm.step_log import read_step_log
 
     require_vllm()  # sets vLLM's environment before its first import
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     timed = -(-repeats // rounds)
     strategies = strategies_of(ks)
@@ -139,25 +120,14 @@ def measure(ks: list[int], batches: list[int], context: int, repeats: int, round
                         for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
 
         def online(name: str, k: int, prompts: dict[int, list[list[int]]], round_: int) -> None:
-            loop = asyncio.new_event_loop()
-            try:
-                engine_args = AsyncEngineArgs(**replay_kwargs(name, max(batches), longest(k), log))
-                engine = AsyncLLM.from_engine_args(engine_args)
-                try:
-                    loop.run_until_complete(serve_together(engine, [rng.integers(1, vocab, 16).tolist()], 4, "warmup"))
-                    for batch, rows in prompts.items():
-                        t0 = time.perf_counter()
-                        loop.run_until_complete(serve_together(engine, rows, generated_tokens(k, warmup, timed),
-                                                               f"b{batch}"))
-                        steps.setdefault(("online", name, batch), []).extend(
-                            {**row, "round": round_}
-                            for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
-                finally:
-                    engine.shutdown()
-                    loop.run_until_complete(asyncio.sleep(0))
-                    del engine
-            finally:
-                loop.close()
+            with OnlineEngine(replay_kwargs(name, max(batches), longest(k), log)) as served:
+                served.generate([rng.integers(1, vocab, 16).tolist()], 4)
+                for batch, rows in prompts.items():
+                    t0 = time.perf_counter()
+                    served.generate(rows, generated_tokens(k, warmup, timed))
+                    steps.setdefault(("online", name, batch), []).extend(
+                        {**row, "round": round_}
+                        for row in full_batch_steps(read_step_log(log, t0), batch, warmup, timed))
 
         for round_ in range(rounds):
             for name, k in strategies.items():

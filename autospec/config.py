@@ -170,6 +170,10 @@ class ProfileStage(_Model):
     quick: StrictBool = True  # the ≤ 3 min CPU grid; false = the full grid
     k_max: StrictInt = Field(8, ge=1, le=32)
     reuse: Path | None = None  # an already profiled (+ fitted) run directory: skip profile (and fit)
+    # [chosen] when the run profiles and fits and the fit misses its own profile (fit.loose_clocks: a clock's
+    # held-out MAPE over CLOCK_MAPE_LIMIT, a profile timed through a slow spell of the host), profile again
+    # up to this many times before going on (autospec.pipeline.fit_measured); 0: only warn
+    loose_fit_retries: StrictInt = Field(1, ge=0, le=5)
 
 
 class TuneStage(_Model):

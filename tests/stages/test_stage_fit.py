@@ -176,6 +176,42 @@ def test_a_clock_that_misses_its_own_profile_is_named_by_fit_and_evaluate(tmp_pa
         assert (health["warning"] is not None) is warned and bool(health["loose_clocks"]) is warned
 
 
+def test_a_run_profiles_again_while_its_fit_misses_its_own_profile(tmp_path):
+    """pipeline.fit_measured (`[profile] loose_fit_retries`): a fit that misses the profile the run measured
+    sends the run back to profile, up to the retries; a quiet re-profile goes on without a warning, one that
+    stays loose is warned of; a fit that holds is never re-profiled."""
+    import pandas as pd
+
+    from autospec.artifacts import write_parquet
+    from autospec.fit import loose_clocks
+    from autospec.pipeline import fit_measured
+
+    run = tmp_path / "run"
+
+    def profile(slow: bool) -> None:
+        write_synthetic_run(run, engine="vllm", plain=(1.0e-6, 2.2e-4, 8e-3), draft_round=(3e-7, 4e-4, 1e-3))
+        if slow:  # every third plain row timed through a slow spell (as in the test above)
+            path = run / "profile" / "latency.parquet"
+            latency = pd.read_parquet(path)
+            latency.loc[latency.index[latency["phase"] == "decode_plain"][::3], "median_s"] *= 1.6
+            write_parquet(path, latency)
+
+    for spells, retries, profiles, warned in (([True, False], 1, 2, False), ([True, True], 1, 2, True),
+                                              ([True, True, False], 2, 3, False), ([True], 0, 1, True),
+                                              ([False], 1, 1, False)):
+        queue, said = list(spells), []
+        profile(queue.pop(0))
+        models, given_up = fit_measured(lambda: fit_profile(run), lambda q=queue: profile(q.pop(0)), retries,
+                                        said.append)
+        assert not queue and len(given_up) == profiles - 1, (spells, retries)
+        assert all(list(loose) == ["plain-engine target clock"] for loose in given_up)
+        assert [m.startswith("[profile]") and f"profiling again ({i + 1} of {retries})" in m
+                for i, m in enumerate(said[:profiles - 1])] == [True] * (profiles - 1)
+        assert bool(loose_clocks(models)) is warned
+        assert len(said) == profiles - 1 + warned  # then one warning line, naming the clock, when still loose
+        assert not warned or (said[-1].startswith("[fit] warning: the fit misses") and "plain-engine" in said[-1])
+
+
 def _one_line_error(res) -> str:
     assert res.exit_code == 2, res.output
     text = res.stderr.strip()

@@ -186,9 +186,8 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
     from autospec.serving.vllm import latency_profile
-    from autospec.serving.vllm.latency_profile import draft_line, profile_latency
-
     from autospec.serving.vllm.engine import OnlineEngine
+    from autospec.serving.vllm.latency_profile import draft_line, profile_latency
 
     calls: list[tuple[str, int]] = []  # (what was timed, timed steps), in order, on the real engines
     online: list[bool] = []  # per decode call: whether it was served online

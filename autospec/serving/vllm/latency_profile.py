@@ -7,7 +7,7 @@ draft_model engine (draft decode and prefill, from the worker's draft timer, and
 steps) and a plain engine served online (decode_plain, how a replay serves no-SD). Every decode row's batch
 is ragged, as a replay's are (`decode_prompt_lengths`). `profile_latency` states what each row measures.
 
-vLLM is imported only inside the offline-engine helpers of `autospec.serving.vllm.engine`.
+vLLM is imported only inside the engine helpers of `autospec.serving.vllm.engine` (offline and online).
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ from autospec.engines.base import StepClock, TrueMatchLength, offers
 from autospec.errors import InputError
 from autospec.fit import (
     CLOCK_MAPE_LIMIT,
+    FitModels,
+    FitResult,
     FittedSimEngine,
-    fit_profile,
     load_fit,
     loose_clocks,
     loose_clocks_warning,
@@ -348,12 +349,13 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     # torch: over the whole loop below; vLLM: over each of its runs, which _vllm_runs replays (its engines
     # alive) before the loop reads them
     load_meter = None
+    sim_fit: FitResult | None = None  # the fit the simulator prices with (read from fit/ or fitted in memory)
     if spec.engine == "vllm":
         load_meter = HostLoadMeter()
         run, calibration = _vllm_runs(spec, trace, strategies, progress, load_meter), {}
     else:
         load_meter = HostLoadMeter.start() if spec.engine != "sim" else None
-        run, calibration, capacity_of, shift_of = _loop_runs(spec, trace, strategies, progress)
+        run, calibration, capacity_of, shift_of, sim_fit = _loop_runs(spec, trace, strategies, progress)
     request_frames, step_frames = [], []
     metrics: dict[str, list[dict]] = {s.name: [] for s in strategies}
     positions: dict[str, list[list[float | None]]] = {s.name: [] for s in strategies}
@@ -435,7 +437,7 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     # which simulated figures rest on shapes the profile never measured (autospec.serving.coverage)
     summary["outside_profile"] = _outside_profile(spec, result) if spec.engine == "sim" else None
     # whether the fit the simulator prices with misses its own profile (fit.loose_clocks: a disturbed profile)
-    summary["fit_health"] = _fit_health(spec) if spec.engine == "sim" else None
+    summary["fit_health"] = _fit_health(sim_fit.models) if sim_fit is not None else None
     if out_dir is not None:
         _write_artifacts(out_dir, spec, result)
     return result
@@ -452,12 +454,9 @@ def _outside_profile(spec: EvaluateSpec, result: EvalResult) -> dict[str, Any]:
     return {"grid": grid.model_dump(), "strategies": per_strategy, "warning": outside_text(per_strategy, grid)}
 
 
-def _fit_health(spec: EvaluateSpec) -> dict[str, Any]:
+def _fit_health(models: FitModels) -> dict[str, Any]:
     """The simulator's clocks that miss their own profile's held-out rows (`fit.loose_clocks`), the limit,
     and the warning line naming them (None when every clock holds)."""
-    assert spec.profile is not None  # the simulator needs one (open_sim_replay)
-    fitted = (Path(spec.profile) / "fit" / "models.json").is_file()  # else the simulator fitted it in memory
-    models = load_fit(spec.profile).models if fitted else fit_profile(spec.profile)
     return {"limit": CLOCK_MAPE_LIMIT, "loose_clocks": loose_clocks(models), "warning": loose_clocks_warning(models)}
 
 
@@ -495,11 +494,12 @@ def _shift_skipped(spec: EvaluateSpec) -> str:
     return "needs capacity at the SLO (--no-capacity was given)"
 
 
-def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
-               progress: Progress | None) -> tuple[RunFn, dict, CapacityFn | None, ShiftFn | None]:
+def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec], progress: Progress | None
+               ) -> tuple[RunFn, dict, CapacityFn | None, ShiftFn | None, FitResult | None]:
     """sim and torch: the serving loop drives the engine, one (strategy, repeat) per call; which
     strategies run calibrated (DSpark: the fit's calibrator), with a warning line for each that does not;
-    and, on the simulator, the capacity search of one (strategy, repeat) and the shift table."""
+    and, on the simulator, the capacity search of one (strategy, repeat), the shift table and the fit
+    the simulator was built from (fitted once, in memory when fit/ is absent)."""
     setup = dict(temperature=spec.temperature, seed=spec.seed, slo=spec.slo, max_batch=spec.max_batch,
                  kv_budget_tokens=spec.kv_budget_tokens, max_concurrency=spec.max_concurrency)
     if spec.engine == "sim":
@@ -535,8 +535,9 @@ def _loop_runs(spec: EvaluateSpec, trace: Trace, strategies: list[StrategySpec],
     # a closed loop has no arrival rate to scale (CLOSED_LOOP_CAPACITY_NOTE); a capped open loop is searched,
     # with the cap in every probe (the Replay carries it)
     measure = spec.engine == "sim" and spec.capacity is not None and not spec.closed_loop
+    sim_fit = replay.probe.fit if spec.engine == "sim" else None  # FittedSimEngine.from_dirs sets it
     return (run, replay.calibration(strategies), capacity_of if measure else None,
-            shift_of if measure and spec.shift else None)
+            shift_of if measure and spec.shift else None, sim_fit)
 
 
 def measurement_disturbed(summary: dict[str, Any]) -> bool:

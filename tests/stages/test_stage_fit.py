@@ -133,12 +133,17 @@ def test_cli_fit_writes_models_json_and_load_fit_round_trips(tmp_path):
     assert fit.sts.temperatures == data["sts"]["temperatures"]
 
 
-def test_a_clock_that_misses_its_own_profile_is_named_by_fit_and_evaluate(tmp_path):
+def test_a_clock_that_misses_its_own_profile_is_named_by_fit_and_evaluate(tmp_path, monkeypatch):
     """A vLLM profile whose plain-engine rows caught a slow spell (4 of them 1.6x what the engine's line
     says) gives a plain clock missing its held-out rows by far more than CLOCK_MAPE_LIMIT: `autospec fit`
-    and evaluate's summary (so its CLI line and the report) name that clock; a clean profile names none."""
+    and evaluate's summary (so its CLI line and the report) name that clock; a clean profile names none.
+    Without fit/, evaluate names it too, from the one fit the simulator made in memory."""
+    import shutil
+
     import pandas as pd
 
+    import autospec.evaluate
+    import autospec.fit
     from autospec.artifacts import write_parquet
     from autospec.evaluate import EvaluateSpec, run_evaluate
     from autospec.fit import CLOCK_MAPE_LIMIT, loose_clocks, loose_clocks_warning
@@ -174,6 +179,16 @@ def test_a_clock_that_misses_its_own_profile_is_named_by_fit_and_evaluate(tmp_pa
         health = summary["fit_health"]
         assert health["limit"] == CLOCK_MAPE_LIMIT
         assert (health["warning"] is not None) is warned and bool(health["loose_clocks"]) is warned
+
+    unfitted = tmp_path / "unfitted"
+    shutil.copytree(slow / "profile", unfitted / "profile")
+    fits = []
+    counted = lambda *a, **kw: fits.append(a) or fit_profile(*a, **kw)  # noqa: E731
+    for module in (autospec.fit, autospec.evaluate):  # wherever a fit could be made
+        monkeypatch.setattr(module, "fit_profile", counted, raising=False)
+    summary = run_evaluate(EvaluateSpec(workload=workload, strategies=["static-k2"], engine="sim", profile=unfitted,
+                                        k_max=K_MAX, capacity=None), tmp_path / "eval-unfitted").summary
+    assert summary["fit_health"]["loose_clocks"] == loose and len(fits) == 1
 
 
 def test_a_run_profiles_again_while_its_fit_misses_its_own_profile(tmp_path):

@@ -183,7 +183,7 @@ class VllmReplayer:
         rng = np.random.default_rng(0)
         vocab = config_vocab_size(self.target)
         prompts = [rng.integers(1, vocab, n).tolist() for n in reference.prompt_lengths()]
-        tags = (f"speed-probe-{next(self._probes)}" for _ in itertools.count())
+        tags = (f"speed-probe-{i}" for i in self._probes)  # the engine's own count, shared with the prefill probe
         for _ in range(PROBE_ROUNDS):  # one round after the other (speed_check.PROBE_ROUNDS says why)
             await serve_prompts(engine, prompts, PROBE_TOKENS, tags)
 

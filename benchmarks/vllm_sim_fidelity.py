@@ -18,8 +18,8 @@ Beside each strategy's error, `err_tpot_mean_at_host_speed`: the same error with
 scaled by the median of the probe's readings around that strategy's vLLM runs (`host_speed_median`: the
 replay's engine timing the profile's own decode shape, over the profile's time) — what the simulator would
 have said had it known the host's speed during the replays. It is not a goal and never replaces the error:
-it says how much of the error is the host moving between the profile and the replays (docs/vllm.md, "Why
-replays run over a fresh profile") and how much is the simulator's pricing. The probe times decode steps,
+it says how much of the error is the host moving between the profile and the replays (docs/vllm.md, "The
+simulator against vLLM": why replays run over a fresh profile) and how much is the simulator's pricing. The probe times decode steps,
 so a TPOT whose admitting steps' prefills moved otherwise is only partly corrected.
 """
 

@@ -19,8 +19,9 @@ scaled by the median of the probe's readings around that strategy's vLLM runs (`
 replay's engine timing the profile's own decode shape, over the profile's time) — what the simulator would
 have said had it known the host's speed during the replays. It is not a goal and never replaces the error:
 it says how much of the error is the host moving between the profile and the replays (docs/vllm.md, "The
-simulator against vLLM": why replays run over a fresh profile) and how much is the simulator's pricing. The probe times decode steps,
-so a TPOT whose admitting steps' prefills moved otherwise is only partly corrected.
+simulator against vLLM": why replays run over a fresh profile) and how much is the simulator's pricing.
+The probe times decode steps at batch 8, so a replay that runs other batch sizes, or whose admitting steps'
+prefills moved otherwise, is only partly corrected (at low load it can read worse than the error itself).
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ default's profile (`heldout_config`: the host's speed moves between sittings).
 TPOT repeats at one load) in DIR (`Cells`: `default-cells.json`, `heldout-cells.json`); the same command
 on the same DIR reuses the finished `autospec run`s and resumes after the last kept cell, so a judgement
 longer than one sitting (the held-out trace's) can be finished in several. Each cell records when, on
-which host and at what load average it was measured (`real_cells` in the result); `wall_s` is this
+which host and at what load average it was measured, and what the host-speed probe read around its runs
+(`real_cells` in the result: the host's drift over a verdict, cell by cell); `wall_s` is this
 sitting's. A kept cell with a run whose host stayed off its profiled speed through every retry is measured
 again, not resumed (`Cells.off_host`): the next sitting's host may run at the profile's speed.
 
@@ -279,11 +280,24 @@ class Cells:
 
     def record(self) -> dict[str, Any]:
         """What the result says of its cells: how many, which were resumed, and when and where each was
-        measured."""
+        measured, with what the host-speed probe read around its runs (`probe`), in the order measured:
+        the host's speed moves over minutes, and a strategy whose cells fell in a slow spell shows it here
+        (one vLLM verdict read 1.20 around no-SD's TPOT cells and 0.89-0.97 twenty minutes later)."""
         return {"kept_in": None if self.path is None else str(self.path), "resumed": self.resumed,
                 "remeasured": self.remeasured,
-                "measured": {c["label"]: {k: c[k] for k in ("finished_at", "host", "wall_s", "load_average")}
+                "measured": {c["label"]: {**{k: c[k] for k in ("finished_at", "host", "wall_s", "load_average")},
+                                          "probe": probe_summary(c["host_log"])}
                              for c in self.cells.values()}}
+
+
+def probe_summary(host_log: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A cell's host-speed readings (quiet_run's log of its tries): how many tries, how many read off the
+    profiled speed, and the median, least and greatest ratio; None for a cell with no probe (the simulator)."""
+    ratios = [r for run in host_log for r in run["ratios"]]
+    if not ratios:
+        return None
+    return {"tries": len(host_log), "tries_off": sum(run["disturbed"] for run in host_log),
+            "median": float(np.median(ratios)), "range": [min(ratios), max(ratios)]}
 
 
 def real_capacity(real: Replay, spec: StrategySpec, start_scale: float, seed: int) -> dict[str, Any]:

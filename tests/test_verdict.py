@@ -120,6 +120,13 @@ def test_kept_cells_resume_with_their_host_log_and_a_cell_measured_on_a_slow_hos
     record = again.record()
     assert record["resumed"] == ["real_cap a"] and record["remeasured"] == ["real_cap b"]
     assert set(record["measured"]) == {"real_cap a", "real_cap b"}
+    # each cell says what the probe read around its own runs: b's re-measurement read 1.0, a's kept 1.0
+    assert record["measured"]["real_cap b"]["probe"] == {"tries": 1, "tries_off": 0, "median": 1.0,
+                                                        "range": [1.0, 1.0]}
+    assert verdict.probe_summary([{"attempt": 0, "ratios": [0.9, 1.3], "disturbed": True},
+                                  {"attempt": 1, "ratios": [1.0], "disturbed": False}]) == {
+        "tries": 2, "tries_off": 1, "median": 1.0, "range": [0.9, 1.3]}
+    assert verdict.probe_summary([]) is None
     # b's new measurement replaced the slow one: a third sitting resumes both
     third = verdict.Cells(path, settings)
     third.get("cap b", "real_cap b", measure("b", True))

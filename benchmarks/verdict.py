@@ -64,7 +64,10 @@ longer than one sitting (the held-out trace's) can be finished in several. Each 
 which host and at what load average it was measured, and what the host-speed probe read around its runs
 (`real_cells` in the result: the host's drift over a verdict, cell by cell); `wall_s` is this
 sitting's. A kept cell with a run whose host stayed off its profiled speed through every retry is measured
-again, not resumed (`Cells.off_host`): the next sitting's host may run at the profile's speed.
+again, not resumed (`Cells.off_host`): the next sitting's host may run at the profile's speed. A resume
+on a host at another machine's speed is refused, in one line, after its first real run: when every try
+of that run read the host beyond HOST_SPEED_DISTURBED of the kept profile (`check_resumed_host`), since
+every run after it would be retried and dropped for hours (a later VM ran the profile's steps 3x as fast).
 
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
@@ -117,7 +120,7 @@ from autospec.config import SCHEMA_VERSION, load_run_spec
 from autospec.contract import StepClockFn
 from autospec.errors import InputError
 from autospec.evaluate import open_sim_replay, open_torch_replay, open_vllm_replay
-from autospec.profile import HOST_SPEED_TOLERANCE, off_profile
+from autospec.profile import HOST_SPEED_DISTURBED, HOST_SPEED_TOLERANCE, far_off, off_profile
 from autospec.serving.capacity import (
     CapacitySpec,
     attainment,
@@ -193,6 +196,9 @@ def spec_key(spec: StrategySpec) -> str:
 
 
 HOST_LOG: list[dict[str, Any]] = []  # every real run's host-speed ratios, retries included (quiet_run)
+# armed by Cells.get while it measures the first cell after a resume (the kept file, when its cells were
+# measured); quiet_run checks the first real run's probes against it and disarms it (Cells.get says why)
+RESUME_CHECK: dict[str, Any] = {}
 # per real TPOT cell (strategy, load): its repeats' step speeds, each round of re-runs (tpot_runs)
 REPEAT_LOG: list[dict[str, Any]] = []
 
@@ -202,17 +208,38 @@ def quiet_run(replay: Replay, spec: StrategySpec, seed: int, requests: list) -> 
     host-speed check says the host ran off its profiled speed (autospec.profile.HostSpeedCheck). The
     records of the last try are returned; `records.host_speed` says whether it was quiet."""
     retries = QUIET["retries"]
+    read: list[float] = []  # every try's probe ratios
     for attempt in range(retries + 1):
         records = replay.run(spec, seed, requests=requests)
         speed = getattr(records, "host_speed", None) or []
+        read.extend(speed)
         if speed:
             HOST_LOG.append({"strategy": spec.name, "attempt": attempt, "ratios": speed,
                              "prefill_ratios": list(getattr(records, "prefill_speed", None) or []),
                              "disturbed": off_profile(speed)})
         if not speed or not off_profile(speed) or attempt == retries:
+            if read and RESUME_CHECK:
+                check_resumed_host(read, RESUME_CHECK)
             return records
         time.sleep(QUIET_WAIT_S)
     raise AssertionError("unreachable")
+
+
+def check_resumed_host(ratios: list[float], kept: dict[str, Any]) -> None:
+    """The first real run after a resume (every try of it, `ratios` their probes' readings): InputError when
+    each reading lies beyond HOST_SPEED_DISTURBED of the profile the kept cells were measured against (a
+    host that runs the engine at another machine's speed, not a slow spell of the one they were measured
+    on: one VM's probe drifted 0.87-1.29 within a sitting, two VMs' profiles differed 3x); disarms the check
+    either way."""
+    kept = dict(kept)
+    RESUME_CHECK.clear()
+    if all(far_off([r]) for r in ratios):
+        raise InputError(
+            f"the kept cells cannot be resumed on this host: every probe of the first run read its steps at "
+            f"{min(ratios):.2f}-{max(ratios):.2f}x the profile they were measured against ({len(ratios)} "
+            f"readings, beyond 1/{HOST_SPEED_DISTURBED:g}-{HOST_SPEED_DISTURBED:g}x: another machine's speed; "
+            f"last kept {kept['last']}); resume on the host they were measured on, or judge afresh with another "
+            f"--keep", path=kept["path"])
 
 
 def _plain(value: Any) -> Any:
@@ -237,6 +264,7 @@ class Cells:
         self.cells: dict[str, dict[str, Any]] = {}
         self.resumed: list[str] = []
         self.remeasured: list[str] = []  # kept cells measured again (off_host)
+        self.host_unchecked = False  # kept cells loaded, and no real run of this sitting has read the host yet
         if path is not None and path.is_file():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
@@ -246,6 +274,7 @@ class Cells:
                 raise InputError("kept cells of another verdict (other settings or run); delete the file or "
                                  "use another --keep", path=path, field="settings")
             self.cells = data.get("cells", {})
+            self.host_unchecked = bool(self.cells) and bool(settings["quiet"]["drop"])
 
     def off_host(self, cell: dict[str, Any]) -> bool:
         """Whether a kept cell has a real run whose host stayed off its profiled speed through every retry
@@ -269,7 +298,16 @@ class Cells:
             self.resumed.append(label)
             return cell["result"]
         hosts, repeats, t0 = len(HOST_LOG), len(REPEAT_LOG), time.perf_counter()
-        result = json.loads(json.dumps(measure(), default=_plain))
+        if self.host_unchecked:
+            # A resumed cell was judged against the profile's speed, and so must the cells after it: on
+            # another machine (a later sitting's VM ran the profile's steps 3x as fast) every run would be
+            # retried and dropped for hours. The first real run's probes tell (check_resumed_host).
+            RESUME_CHECK.update(path=self.path, last=max(c["finished_at"] for c in self.cells.values()))
+        try:
+            result = json.loads(json.dumps(measure(), default=_plain))
+        finally:
+            self.host_unchecked = self.host_unchecked and bool(RESUME_CHECK)  # still armed: no real run read it
+            RESUME_CHECK.clear()
         self.cells[key] = {"label": label, "result": result, "host_log": HOST_LOG[hosts:],
                            "repeat_log": REPEAT_LOG[repeats:], "wall_s": round(time.perf_counter() - t0, 1),
                            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -138,6 +138,63 @@ def test_kept_cells_resume_with_their_host_log_and_a_cell_measured_on_a_slow_hos
         verdict.Cells(path, {**settings, "run_dir": "other"})
 
 
+class ProbedAt:
+    """The simulator replay of a window whose runs come back with host-speed probe readings, as a real
+    engine's do (ServeRecords.host_speed): `readings[i]` for the i-th run."""
+
+    def __init__(self, sim, readings: list[list[float]]):
+        self.sim, self.readings, self.runs = sim, readings, 0
+
+    def run(self, spec, seed, *, requests=None):
+        records = self.sim.run(spec, seed, requests=requests)
+        records.host_speed = self.readings[self.runs]
+        self.runs += 1
+        return records
+
+
+def test_a_resume_on_a_host_at_another_machines_speed_is_refused_after_its_first_run(tmp_path, monkeypatch):
+    """Cells + quiet_run: the first real run after a resume reads the host against the profile the kept
+    cells were judged by. Every try beyond HOST_SPEED_DISTURBED (a VM 3x as fast): one line naming the
+    kept file, and nothing added to it. A slow spell the retries outlast, or a far reading that a retry
+    contradicts, resumes; a fresh verdict, and the runs after the first, are never refused."""
+    from autospec.errors import InputError
+
+    monkeypatch.setattr(verdict, "QUIET_WAIT_S", 0.0)
+    monkeypatch.setattr(verdict, "HOST_LOG", [])
+    monkeypatch.setattr(verdict, "REPEAT_LOG", [])
+    sim = open_sim_replay(PROFILE, load_workload(REPO / "workloads" / "bursty.toml").cap(6), k_max=8, max_batch=8)
+    spec = load_preset("no-sd")
+    monkeypatch.setattr(verdict, "QUIET", {"retries": 2, "drop": True})  # as main sets it; Cells keeps a copy
+    path, settings = tmp_path / "cells.json", {"run_dir": "r", "quiet": dict(verdict.QUIET)}
+
+    def measure(replay):
+        return lambda: {"served": len(verdict.quiet_run(replay, spec, 0, sim.requests).requests)}
+
+    fresh = verdict.Cells(path, settings)
+    fresh.get("a", "cell a", measure(ProbedAt(sim, [[0.3, 0.3]] * 3)))  # a fresh verdict is never refused
+    kept = path.read_text()
+
+    faster = ProbedAt(sim, [[0.33, 0.34], [0.32, 0.35], [0.34, 0.33]])
+    with pytest.raises(InputError, match=r"cells.json: the kept cells cannot be resumed on this host: every probe "
+                                         r"of the first run read its steps at 0.32-0.35x .* \(6 readings"):
+        verdict.Cells(path, settings).get("b", "cell b", measure(faster))
+    assert faster.runs == 3 and path.read_text() == kept and not verdict.RESUME_CHECK
+
+    for readings in ([[1.3, 1.3], [1.02, 1.0]],  # a slow spell, then the profile's speed
+                     [[0.3, 0.3], [0.3, 1.45], [0.31, 0.3]]):  # one reading within reach of the profile
+        resumed = verdict.Cells(path, settings)
+        resumed.get("b", "cell b", measure(ProbedAt(sim, readings)))
+        assert not resumed.host_unchecked and not verdict.RESUME_CHECK
+        resumed.get("c", "cell c", measure(ProbedAt(sim, [[0.3, 0.3]] * 3)))  # checked once, not again
+        path.write_text(kept)
+    # a resume whose first cell runs nothing real (the simulator's) checks at the next that does
+    sim_only = verdict.Cells(path, settings)
+    sim_only.get("s", "cell s", lambda: {"rps": 1.0})
+    assert sim_only.host_unchecked and not verdict.RESUME_CHECK
+    with pytest.raises(InputError, match="cannot be resumed"):
+        sim_only.get("b", "cell b", measure(ProbedAt(sim, [[2.0, 2.1]] * 3)))
+
+
 def test_the_step_gap_carries_the_real_runs_prefill_probe():
     """sim / real − 1 per step_account figure, and beside them the real runs' prefill probe (vLLM's;
     None where the real engine has none), which says whether the host prefilled at its profiled speed."""

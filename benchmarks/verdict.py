@@ -67,7 +67,8 @@ sitting's. A kept cell with a run whose host stayed off its profiled speed throu
 again, not resumed (`Cells.off_host`): the next sitting's host may run at the profile's speed. A resume
 on a host at another machine's speed is refused, in one line, after its first real run: when every try
 of that run read the host beyond HOST_SPEED_DISTURBED of the kept profile (`check_resumed_host`), since
-every run after it would be retried and dropped for hours (a later VM ran the profile's steps 3x as fast).
+every run after it would be retried and dropped for hours (VMs of this kind have profiled the same steps 3x
+apart).
 
 A disturbed host makes every torch figure worse, and on the shared 2-core VMs this runs on the host
 itself drifts: the same batch-8 verify call measured 11 ms and 17.7 ms in back-to-back processes, and
@@ -300,7 +301,7 @@ class Cells:
         hosts, repeats, t0 = len(HOST_LOG), len(REPEAT_LOG), time.perf_counter()
         if self.host_unchecked:
             # A resumed cell was judged against the profile's speed, and so must the cells after it: on
-            # another machine (a later sitting's VM ran the profile's steps 3x as fast) every run would be
+            # another machine (VMs of this kind have profiled the same steps 3x apart) every run would be
             # retried and dropped for hours. The first real run's probes tell (check_resumed_host).
             RESUME_CHECK.update(path=self.path, last=max(c["finished_at"] for c in self.cells.values()))
         try:

@@ -6,7 +6,7 @@ steps at batch 1 and at the host-speed probe's batch (`profile.HOST_SPEED_SHAPE`
 draft), then a burst of the torch engine's verify calls at the torch host-speed check's shape (timed as
 `profile.HostSpeedCheck` times it).
 
-    python benchmarks/host_drift.py [--seconds 2400] [--spacing-s 60] [--repeats 5]
+    python benchmarks/host_drift.py [--seconds 2400] [--spacing-s 30] [--repeats 5]
         [--out benchmarks/results/host_drift.json]
 
 Why (issue 16, docs/vllm.md, "The simulator against vLLM"): in the vLLM verdict runs the host-speed probe's
@@ -14,7 +14,7 @@ median moved 1.20 -> 0.89 of the profile over 25 min (run p) and 0.87-1.29 withi
 search (run q), and whole profiles of one VM priced plain decode at batch 1 at 11.3 and 14.7 ms hours
 apart. If the engine drifts by itself (its age, its memory), restarting it per run would be the cure; if
 the host does, only the probes' retries are. The torch engine shares the host and nothing of vLLM, so:
-each series over its own median per round (`rounds`), their Spearman correlation (scipy) across rounds
+each series over its own median per round (`ratios`), their Spearman correlation (scipy) across rounds
 (`correlation`: vLLM batch 8 against torch, and vLLM batch 1 against batch 8; `slow_*` the same of
 their 5-minute running medians, SLOW_WINDOW_S), each series' spread
 (quantiles of |ratio - 1|) and the share of rounds off by more than the probe's tolerance
@@ -121,7 +121,7 @@ def summarise(rounds: list[dict[str, float]], tolerance: float, slow_rounds: int
 def main() -> None:
     ap = OneLineParser(description=__doc__)
     ap.add_argument("--seconds", type=between(0, 7200), default=2400.0)
-    ap.add_argument("--spacing-s", type=between(0, 3600), default=60.0)
+    ap.add_argument("--spacing-s", type=between(0, 3600), default=30.0)
     ap.add_argument("--repeats", type=whole(1, 50), default=5, help="steps (calls) per burst: the profile's --repeats")
     ap.add_argument("--out", type=Path, default=RESULTS / "host_drift.json")
     args = ap.parse_args()

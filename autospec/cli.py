@@ -490,6 +490,8 @@ def _print_profile(result, out_dir: Path) -> None:
     table.add_row("gpu telemetry", "yes" if result.telemetry.get("available") else "no")
     table.add_row("wall s", f"{result.wall_s:.1f}")
     out.print(table)
+    for warning in result.warnings:
+        out.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     out.print(f"profile written to {out_dir / 'profile'}")
 
 

@@ -25,7 +25,10 @@
   ..., "notes": [why]} — it must not start a deployment that silently runs something else. The
   mapping is `autospec.serving.vllm.speculative_config.speculative_config_for`, the same one
   `--engine vllm` runs.
-* `README.md` — the command lines and the notes.
+* `README.md` — the command lines and the notes. When the run's profile timed vLLM's worker on Intel
+  OpenMP (profile.json's `vllm_worker`, from an LD_PRELOAD the user set), the vLLM command carries that
+  LD_PRELOAD, so the deployed engine drafts as the measured one did; when it timed several GNU OpenMP
+  threads, a note says SD was priced that way (`engine.sd_openmp_warning`).
 
 When vLLM is installed, a supported config is validated by building vLLM's engine config from it
 (`validate_speculative_config`); the result is recorded in the returned summary and README.
@@ -41,7 +44,7 @@ from autospec.artifacts import write_text
 from autospec.config import PairSpec
 from autospec.errors import InputError
 from autospec.fit import FitResult, load_fit
-from autospec.serving.vllm.engine import validate_speculative_config, vllm_available
+from autospec.serving.vllm.engine import sd_openmp_warning, validate_speculative_config, vllm_available
 from autospec.serving.vllm.online import ONLINE_KEY
 from autospec.serving.vllm.speculative_config import launch_parts, speculative_config_for, vllm_form
 from autospec.strategy import StrategySpec, apply_fit, calibration_flags, spec_to_toml, uncalibrated
@@ -67,6 +70,25 @@ def run_fit(deploy_dir: Path) -> Path | None:
     """The fit of the run directory deploy/ sits in (DIR/fit/models.json next to DIR/deploy), if any."""
     path = Path(deploy_dir).parent / "fit" / "models.json"
     return path if path.is_file() else None
+
+
+def run_worker(deploy_dir: Path) -> dict[str, Any] | None:
+    """What the vLLM worker of the run's profile computed on (DIR/profile/profile.json's `vllm_worker`,
+    next to DIR/deploy), if that profile was timed on vLLM and recorded it."""
+    path = Path(deploy_dir).parent / "profile" / "profile.json"
+    try:
+        worker = json.loads(path.read_text()).get("vllm_worker")
+    except (OSError, ValueError):
+        return None
+    return worker or None
+
+
+def launch_env(worker: dict[str, Any] | None) -> str:
+    """The environment prefix of the vLLM command: the profile's LD_PRELOAD when its worker ran on Intel
+    OpenMP (that is what the user preloaded; vLLM preloads GNU's by itself), else nothing."""
+    if worker and worker.get("openmp") == "intel" and worker.get("ld_preload"):
+        return f"LD_PRELOAD={worker['ld_preload']} "
+    return ""
 
 
 def online_payload(name: str, cfg: dict[str, Any], notes: list[str]) -> dict[str, Any]:
@@ -115,6 +137,10 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
         except InputError as exc:
             validated = False
             notes.append(exc.problem)
+    worker = run_worker(deploy_dir)
+    openmp_note = sd_openmp_warning(worker) if worker and result["supported"] and result["config"] else None
+    if openmp_note:
+        notes.append(openmp_note)
     write_text(deploy_dir / STRATEGY_FILE, spec_to_toml(deployed))
     online = result["supported"] and ONLINE_KEY in result["config"]
     if online:
@@ -128,7 +154,7 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
         payload = {"supported": False, "strategy": spec.name, "notes": notes}
     # Exactly vLLM's JSON: no schema_version (vLLM rejects unknown keys), so not write_json.
     write_text(deploy_dir / CONFIG_FILE, json.dumps(payload, indent=2) + "\n")
-    write_text(deploy_dir / "README.md", _readme(spec, pair, max_batch, result, validated, notes))
+    write_text(deploy_dir / "README.md", _readme(spec, pair, max_batch, result, validated, notes, launch_env(worker)))
     return {"dir": str(deploy_dir), "strategy": spec.name, "vllm_supported": result["supported"],
             "vllm_validated": validated, "notes": notes, "files": [STRATEGY_FILE, CONFIG_FILE, "README.md"],
             # per policy that takes a calibrator (DSpark): how the deployed file runs it
@@ -136,22 +162,22 @@ def write_deploy(deploy_dir: Path, spec: StrategySpec, pair: PairSpec, max_batch
 
 
 def _readme(spec: StrategySpec, pair: PairSpec, max_batch: int, result: dict[str, Any], validated: bool | None,
-            notes: list[str]) -> str:
+            notes: list[str], env: str = "") -> str:
     lines = [f"# Deploy: {spec.name}", "", spec.strategy.description, "",
              f"- autospec: `autospec evaluate --strategies {STRATEGY_FILE} ...` (torch or sim engine)"]
     if result["supported"]:
         parts = launch_parts(result["config"])
         cfg = json.dumps(parts["speculative_config"])
         if "scheduler_cls" in parts:
-            lines += [f"- vLLM: `vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config '{cfg}' "
+            lines += [f"- vLLM: `{env}vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config '{cfg}' "
                       f"--scheduler-cls {parts['scheduler_cls']} --additional-config "
                       f"'{json.dumps(parts['additional_config'])}' --no-async-scheduling` (the length policy "
                       f"runs inside vLLM's engine core; {CONFIG_FILE} holds the same pieces: speculative_config, "
                       "scheduler_cls, additional_config, async_scheduling — for `vllm.LLM(...)` / "
                       "`EngineArgs(...)` keyword arguments)"]
         else:
-            lines += [f"- vLLM: `vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config "
-                      f"'{cfg}'`" if result["config"] else f"- vLLM: `vllm serve {pair.target}` (no speculative "
+            lines += [f"- vLLM: `{env}vllm serve {pair.target} --max-num-seqs {max_batch} --speculative-config "
+                      f"'{cfg}'`" if result["config"] else f"- vLLM: `{env}vllm serve {pair.target}` (no speculative "
                       "decoding: the tuned strategy drafts nothing)"]
         lines.append("- validated against vLLM's engine config: "
                      + {True: "yes", False: "FAILED (see notes)", None: "no (vLLM not installed here)"}[validated])

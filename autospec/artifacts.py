@@ -50,8 +50,9 @@ def _package_version(name: str) -> str | None:
 
 
 # LD_PRELOAD as the command was started: the OpenMP runtime or allocator the user preloaded into its engines
-# (vLLM's CPU worker drafts ~2x faster on Intel's libiomp5 on many cores: docs/vllm.md, "Install"). Read at
-# import, because vLLM adds torch's libgomp to the process's LD_PRELOAD when it starts an engine.
+# (vLLM measured SD ~2x faster with Intel's libiomp5 on many cores, this repository 0.82-0.85x on two
+# threads: docs/vllm.md, "Install"). Read at import, because vLLM adds torch's libgomp to the process's
+# LD_PRELOAD when it starts an engine.
 STARTED_LD_PRELOAD = os.environ.get("LD_PRELOAD")
 
 

@@ -131,6 +131,16 @@ class ProfileSettings(BaseModel):
                    repeats=5, warmup=2, prompts_per_domain=48, trace_tokens=48, max_prompt_tokens=128)
 
 
+class VllmWorker(BaseModel):
+    """profile.json's `vllm_worker`: what the worker of a vLLM profile's draft_model engine computed on, read
+    inside it (`serving.vllm.engine.worker_runtime`; docs/vllm.md, "Install")."""
+
+    model_config = ConfigDict(extra="ignore")
+    openmp: Literal["intel", "llvm", "gnu"] | None = None  # the OpenMP runtime its parallel regions ran on
+    omp_threads: int = Field(1, ge=1)
+    ld_preload: str = ""  # the worker's LD_PRELOAD: the user's, or the libgomp vLLM adds when it has none
+
+
 class ProfileMeta(BaseModel):
     """profile/profile.json: how `autospec profile` measured (validated on read; fields the readers do
     not use, such as wall_s, are kept in the file and ignored here)."""
@@ -153,6 +163,7 @@ class ProfileMeta(BaseModel):
     # the prompts a vLLM profile's decode rows were timed on (latency_profile.decode_prompt_lengths): "ragged"
     # since they are; absent in a profile written before, whose rows' batches were "uniform"
     decode_prompts: Literal["uniform", "ragged"] = "uniform"
+    vllm_worker: VllmWorker | None = None  # a vLLM profile's worker; absent in a profile written before
 
 
 def read_profile_meta(run_dir: str | Path) -> ProfileMeta | None:

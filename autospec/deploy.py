@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from autospec.artifacts import write_text
+from autospec.calibration import read_profile_meta
 from autospec.config import PairSpec
 from autospec.errors import InputError
 from autospec.fit import FitResult, load_fit
@@ -75,12 +76,8 @@ def run_fit(deploy_dir: Path) -> Path | None:
 def run_worker(deploy_dir: Path) -> dict[str, Any] | None:
     """What the vLLM worker of the run's profile computed on (DIR/profile/profile.json's `vllm_worker`,
     next to DIR/deploy), if that profile was timed on vLLM and recorded it."""
-    path = Path(deploy_dir).parent / "profile" / "profile.json"
-    try:
-        worker = json.loads(path.read_text()).get("vllm_worker")
-    except (OSError, ValueError):
-        return None
-    return worker or None
+    meta = read_profile_meta(Path(deploy_dir).parent)
+    return meta.vllm_worker.model_dump() if meta is not None and meta.vllm_worker is not None else None
 
 
 def launch_env(worker: dict[str, Any] | None) -> str:

@@ -68,13 +68,13 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
     stage = _stage_runner(done["stages"], say)
     reuse = spec.profile.reuse
     if "profile" in stages:
-        _profile(spec, out_dir, stage, progress)
+        _profile(spec, out_dir, stage, progress, say)
     if "fit" in stages and (reuse is None or not (out_dir / "fit" / "models.json").is_file()):
         def fit() -> FitModels:
             return stage("fit", lambda: fit_profile(out_dir, seed=spec.engine.seed))
 
         retries = spec.profile.loose_fit_retries if "profile" in stages and reuse is None else 0
-        models, reprofiled = fit_measured(fit, lambda: _profile(spec, out_dir, stage, progress), retries, say)
+        models, reprofiled = fit_measured(fit, lambda: _profile(spec, out_dir, stage, progress, say), retries, say)
         write_fit(out_dir, models)
         done["fit"] = {"linear_mape": models.linear_mape, "loose_clocks": loose_clocks(models),
                        "reprofiled": reprofiled}
@@ -168,7 +168,8 @@ def _stage_runner(walls: dict[str, Any], say: Callable[[str], None]) -> Stage:
     return stage
 
 
-def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> None:
+def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None,
+             say: Callable[[str], None]) -> None:
     """Measure the pair into DIR/profile/, or copy `profile.reuse`'s measurements."""
     reuse = spec.profile.reuse
     if reuse is not None:
@@ -186,8 +187,10 @@ def _profile(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | No
     settings = settings.model_copy(update={"seed": spec.engine.seed})
     # the workload the run tunes / evaluates: trace the prompts its real replay sends (profile_pair)
     workload = spec.workload if spec.workload.is_file() else None
-    stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
-                                          engine_kind=spec.engine.kind, progress=progress, workload=workload))
+    result = stage("profile", lambda: profile_pair(out_dir, spec.pair, settings, device=spec.engine.device,
+                                                   engine_kind=spec.engine.kind, progress=progress, workload=workload))
+    for warning in result.warnings:  # as `autospec profile` prints them (the vLLM worker's OpenMP runtime)
+        say(f"[profile] warning: {warning}")
 
 
 def _tune(spec: RunSpec, out_dir: Path, stage: Stage, progress: Progress | None) -> dict[str, Any]:

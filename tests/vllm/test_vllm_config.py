@@ -195,12 +195,29 @@ def test_deploy_serves_vllm_with_the_openmp_runtime_its_profile_was_timed_on(tmp
 
     run = tmp_path / "run"
     (run / "profile").mkdir(parents=True)
-    (run / "profile" / "profile.json").write_text(json.dumps({"engine": "vllm", "vllm_worker": worker}))
+    (run / "profile" / "profile.json").write_text(json.dumps({"schema_version": 1, "settings": {"k_max": 8},
+                                                              "engine": "vllm", "vllm_worker": worker}))
     info = write_deploy(run / "deploy", load_preset(preset), PairSpec(), 8, validate=False)
     readme = (run / "deploy" / "README.md").read_text()
     assert f"- vLLM: `{prefix} " in readme
     assert any("GNU OpenMP threads" in n for n in info["notes"]) is noted
     assert ("GNU OpenMP threads" in readme) is noted
+
+
+def test_a_profiles_vllm_worker_record_is_validated_and_named_when_bad(tmp_path):
+    from autospec.calibration import read_profile_meta
+
+    meta = {"schema_version": 1, "settings": {"k_max": 8}, "engine": "vllm"}
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "profile.json").write_text(json.dumps(meta))
+    assert read_profile_meta(tmp_path).vllm_worker is None  # a profile from before the record
+    (tmp_path / "profile" / "profile.json").write_text(json.dumps({**meta, "vllm_worker": GNU_16}))
+    assert read_profile_meta(tmp_path).vllm_worker.omp_threads == 16
+    bad_worker = {**GNU_16, "omp_threads": 0}
+    (tmp_path / "profile" / "profile.json").write_text(json.dumps({**meta, "vllm_worker": bad_worker}))
+    with pytest.raises(InputError, match="vllm_worker.omp_threads") as bad:
+        read_profile_meta(tmp_path)
+    assert "profile.json" in str(bad.value)
 
 
 def test_lagged_observe_pairs_each_outcome_with_its_own_decision():

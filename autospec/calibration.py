@@ -133,7 +133,7 @@ class ProfileSettings(BaseModel):
 
 class VllmWorker(BaseModel):
     """profile.json's `vllm_worker`: what the worker of a vLLM profile's draft_model engine computed on, read
-    inside it (`serving.vllm.engine.worker_runtime`; docs/vllm.md, "Install")."""
+    inside it (`serving.vllm.openmp.worker_runtime`; docs/vllm.md, "Install")."""
 
     model_config = ConfigDict(extra="ignore")
     openmp: Literal["intel", "llvm", "gnu"] | None = None  # the OpenMP runtime its parallel regions ran on

@@ -28,7 +28,7 @@
 * `README.md` — the command lines and the notes. When the run's profile timed vLLM's worker on Intel
   OpenMP (profile.json's `vllm_worker`, from an LD_PRELOAD the user set), the vLLM command carries that
   LD_PRELOAD, so the deployed engine drafts as the measured one did; when it timed several GNU OpenMP
-  threads, a note says SD was priced that way (`engine.sd_openmp_warning`).
+  threads, a note says SD was priced that way (`openmp.sd_openmp_warning`).
 
 When vLLM is installed, a supported config is validated by building vLLM's engine config from it
 (`validate_speculative_config`); the result is recorded in the returned summary and README.
@@ -45,8 +45,9 @@ from autospec.calibration import read_profile_meta
 from autospec.config import PairSpec
 from autospec.errors import InputError
 from autospec.fit import FitResult, load_fit
-from autospec.serving.vllm.engine import sd_openmp_warning, validate_speculative_config, vllm_available
+from autospec.serving.vllm.engine import validate_speculative_config, vllm_available
 from autospec.serving.vllm.online import ONLINE_KEY
+from autospec.serving.vllm.openmp import sd_openmp_warning
 from autospec.serving.vllm.speculative_config import launch_parts, speculative_config_for, vllm_form
 from autospec.strategy import StrategySpec, apply_fit, calibration_flags, spec_to_toml, uncalibrated
 

@@ -621,7 +621,7 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     result = run_profile(engine, encoded, settings, progress, latency_from=latency_from,
                          latency_units=latency_units)
     if engine_kind == "vllm":
-        from autospec.serving.vllm.engine import sd_openmp_warning
+        from autospec.serving.vllm.openmp import sd_openmp_warning
 
         result.warnings += filter(None, [sd_openmp_warning(engine_meta["vllm_worker"])])
     from_workload = workload is not None and not texts  # the workload's prompts, as its replay sends them

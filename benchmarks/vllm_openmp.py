@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,11 +90,17 @@ def run_profile(runtime: str, bind: str, grid_name: str, out: Path) -> tuple[pd.
         env["LD_PRELOAD"] = str(intel_openmp_library())
     if bind != "auto":
         env[BIND_ENV] = bind
-    res = subprocess.run([sys.executable, __file__, "--child", str(out), "--grid", grid_name], env=env,
-                         capture_output=True, text=True)
-    subprocess.run(["pkill", "-f", "VLLM::"], check=False)  # a worker left behind would share the CPUs
-    if res.returncode != 0:
-        raise RuntimeError(f"the {runtime} profile under bind {bind} failed:\n{res.stderr[-3000:]}")
+    # its own session, so that the vLLM processes it leaves behind (they would share the CPUs with the next
+    # profile) are ended by process group, and nobody else's vLLM is touched
+    profile = subprocess.Popen([sys.executable, __file__, "--child", str(out), "--grid", grid_name], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, stderr = profile.communicate()
+    try:
+        os.killpg(profile.pid, signal.SIGKILL)
+    except ProcessLookupError:  # none left
+        pass
+    if profile.returncode != 0:
+        raise RuntimeError(f"the {runtime} profile under bind {bind} failed:\n{stderr[-3000:]}")
     worker = json.loads((out / "worker.json").read_text())
     if worker.get("openmp") != runtime:
         raise InputError(f"the profile started for {runtime} OpenMP ran on {worker.get('openmp')} "

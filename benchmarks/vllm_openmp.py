@@ -1,9 +1,9 @@
 """Does Intel OpenMP make vLLM's SD faster on this host? Times vLLM's latency profile (the grid
 `autospec profile --engine vllm --quick` times, on the bundled pair) three times back to back — on GNU
-libgomp (what vLLM preloads itself), with Intel's libiomp5 preloaded, on GNU again — under each thread
-binding (`--bind`), and compares them row by row.
+libgomp (what vLLM preloads itself), with Intel's libiomp5 preloaded, on GNU again: a bracket — under each
+thread binding (`--bind`), and compares them row by row; `--brackets N` alternates N such brackets.
 
-    python benchmarks/vllm_openmp.py [--bind auto --bind 0-1] [--grid quick|tiny]
+    python benchmarks/vllm_openmp.py [--bind auto --bind 0-1] [--brackets 1] [--grid quick|tiny]
         [--out benchmarks/results/vllm_openmp.json]
 
 Why (issue 16, docs/vllm.md, "Install"): vLLM's CPU guide asks for libiomp5 in LD_PRELOAD, and vLLM measured
@@ -21,9 +21,14 @@ drift across the bracket). An effect counts (`beyond_drift`) only when Intel's r
 than the whole drift and its CI excludes 1. That is a screen, not a test: the CI is over rows timed within
 the same three runs, and one bracket cannot rule out a host that sped up and slowed down again within it
 (on the 2-CPU host, two brackets at one thread read opposite per-phase effects, each "beyond the drift":
-benchmarks/results/vllm_openmp.json and vllm_openmp_repeat.json). Repeat the run (`--bind` the setting in
-question) and act only on an effect both runs show. No goal: a diagnostic, one host's answer. Run it alone
-on a quiet machine (a quick grid is ~4.5-6 min a profile on 2 cores, ~30 min for the default two binds).
+benchmarks/results/vllm_openmp.json and vllm_openmp_repeat.json). `--brackets N` (N ≥ 2) is the test: it
+alternates 2N + 1 runs (GNU, Intel, GNU, Intel, ..., GNU), compares each Intel run with its own two GNU
+neighbours, and reports per bind and phase the brackets' ratios (`across_brackets`: their median and
+range, `shown_by_every_bracket` when every bracket's ratio lies on the same side of 1 and beyond its own
+drift). Act only on an effect every bracket shows [chosen: unanimity rather than a test over N brackets
+— N is 2 or 3 at ~5 min a profile, too few for a significance level to mean much]. No goal: a
+diagnostic, one host's answer. Run it alone on a quiet machine (a quick grid is ~4.5-6 min a profile on
+2 cores: 2N + 1 profiles a binding, ~30 min for the default two bindings and one bracket).
 """
 
 from __future__ import annotations
@@ -131,10 +136,57 @@ def compare(gnu_first: pd.Series, intel: pd.Series, gnu_second: pd.Series) -> di
     return {"all_rows": summary(ratios), "phases": phases}
 
 
+def run_order(brackets: int) -> list[str]:
+    """The runtimes of the 2N + 1 runs of N brackets: GNU, Intel, GNU, ..., GNU (bracket b is runs 2b..2b+2,
+    so neighbouring brackets share a GNU run)."""
+    return [ORDER[0], *[runtime for _ in range(brackets) for runtime in ORDER[1:]]]
+
+
+def across(brackets: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per phase (and over all rows) what `compare`'s brackets read: the median and range of their Intel ratios
+    and of their drifts, and `shown_by_every_bracket`: every bracket counted the effect (`beyond_drift`) on the
+    same side of 1. Phases that not every bracket has are left out."""
+    def summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
+        ratios, drifts = [p["intel_over_gnu"] for p in parts], [p["gnu_drift"] for p in parts]
+        same_side = all(r < 1 for r in ratios) or all(r > 1 for r in ratios)
+        return {"brackets": len(parts), "intel_over_gnu": float(np.median(ratios)),
+                "intel_over_gnu_range": [min(ratios), max(ratios)], "gnu_drift_range": [min(drifts), max(drifts)],
+                "shown_by_every_bracket": same_side and all(p["beyond_drift"] for p in parts)}
+
+    shared = [phase for phase in brackets[0]["phases"] if all(phase in b["phases"] for b in brackets)]
+    return {"all_rows": summary([b["all_rows"] for b in brackets]),
+            "phases": {phase: summary([b["phases"][phase] for b in brackets]) for phase in shared}}
+
+
+def bind_result(bind: str, runs: list[tuple[pd.Series, dict[str, Any]]]) -> dict[str, Any]:
+    """One binding's record from its runs in `run_order`: with one bracket its `compare`; with more, each
+    bracket's `compare` and what they read together (`across`)."""
+    workers = [worker for _, worker in runs]
+    brackets = [compare(*(rows for rows, _ in runs[2 * b:2 * b + 3])) for b in range(len(runs) // 2)]
+    if len(brackets) == 1:
+        return {"bind": bind, "workers": workers, **brackets[0]}
+    return {"bind": bind, "workers": workers, "brackets": brackets, "across_brackets": across(brackets)}
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+    """What one binding's record reads over all rows, in a line."""
+    if "across_brackets" not in result:
+        overall = result["all_rows"]
+        return (f"Intel over GNU {overall['intel_over_gnu']:.3f} (GNU drift across the bracket "
+                f"{overall['gnu_drift']:.3f}; {'beyond' if overall['beyond_drift'] else 'within'} the drift)")
+    overall = result["across_brackets"]["all_rows"]
+    low, high = overall["intel_over_gnu_range"]
+    shown = "shown by every bracket" if overall["shown_by_every_bracket"] else "not shown by every bracket"
+    return (f"Intel over GNU {overall['intel_over_gnu']:.3f} over {overall['brackets']} brackets "
+            f"({low:.3f}-{high:.3f}; {shown})")
+
+
 def main() -> None:
     ap = OneLineParser(description=__doc__)
     ap.add_argument("--bind", action="append", help="a VLLM_CPU_OMP_THREADS_BIND to compare under, repeatable "
                     "(default: auto, then 0-1); auto: vLLM's own binding")
+    ap.add_argument("--brackets", type=int, default=1, help="Intel runs per binding, each between two GNU runs "
+                    "(2N + 1 profiles a binding); more than one reports whether every bracket shows the effect")
     ap.add_argument("--grid", choices=("quick", "tiny"), default="quick")
     ap.add_argument("--out", type=Path, default=RESULTS / "vllm_openmp.json")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -149,27 +201,26 @@ def main() -> None:
     from autospec.serving.vllm.openmp import intel_openmp_library
 
     binds = args.bind or ["auto", "0-1"]
+    if args.brackets < 1:
+        ap.error(f"argument --brackets: {args.brackets} is not a count of brackets (1 or more)")
     for bind in binds:
         if not BIND_PATTERN.fullmatch(bind):
             ap.error(f"argument --bind: {bind!r} is neither auto nor CPU ids and ranges (e.g. 0-1)")
     if intel_openmp_library() is None:
         raise InputError("libiomp5.so is not in this environment (pip install intel-openmp): nothing to compare")
 
+    order = run_order(args.brackets)
     load_at_start = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory(prefix="vllm_openmp_") as tmp:
         for bind in binds:
             runs = [run_profile(runtime, bind, args.grid, Path(tmp) / f"{bind}-{i}-{runtime}")
-                    for i, runtime in enumerate(ORDER)]
-            result = {"bind": bind, "workers": [worker for _, worker in runs],
-                      **compare(*(rows for rows, _ in runs))}
+                    for i, runtime in enumerate(order)]
+            result = bind_result(bind, runs)
             results.append(result)
-            overall = result["all_rows"]
-            print(f"bind {bind}: {runs[0][1]['omp_threads']} thread(s); Intel over GNU {overall['intel_over_gnu']:.3f}"
-                  f" (GNU drift across the bracket {overall['gnu_drift']:.3f}; "
-                  f"{'beyond' if overall['beyond_drift'] else 'within'} the drift)")
+            print(f"bind {bind}: {runs[0][1]['omp_threads']} thread(s); {verdict_line(result)}")
     write_json(args.out, {"schema_version": SCHEMA_VERSION, "benchmark": "vllm_openmp", "grid": args.grid,
-                          "order": list(ORDER), "binds": results, "load_average_at_start": load_at_start,
+                          "order": order, "binds": results, "load_average_at_start": load_at_start,
                           "load_average_at_end": os.getloadavg(), "hardware": hardware_info()})
     print(f"-> {args.out}")
 

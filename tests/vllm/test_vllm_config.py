@@ -352,6 +352,17 @@ def test_each_step_gets_the_draft_time_vllms_worker_logged_within_it(tmp_path):
     assert [r["d"] for r in read_step_log(log, since=10.0)] == [None] * 3
 
 
+def test_a_line_the_engine_is_still_writing_is_not_read(tmp_path):
+    """The engine process appends while a profile or replay reads: a last line without its newline is a
+    step (or draft call) still being written, after the caller's outputs, so it is left out."""
+    log = tmp_path / "steps.jsonl"
+    done = {"t0": 10.0, "t1": 10.1, "ids": ["1"], "n": [8], "k": [2], "c": [1], "first": [True]}
+    log.write_text(json.dumps(done) + "\n" + json.dumps({**done, "t0": 10.2})[:40])
+    draft_log_path(log).write_text(json.dumps({"t": 10.05, "d": 0.02}) + "\n" + '{"t": 10.2')
+    read = read_step_log(log, since=10.0)
+    assert [r["t0"] for r in read] == [10.0] and read[0]["d"] == pytest.approx(0.02)
+
+
 def test_profile_and_replays_run_vllm_at_the_models_own_context_length(tmp_path):
     """One max_model_len for the profile and every replay (vLLM's CPU step time depends on it): the
     model's max_position_embeddings, or longer when the workload needs it."""

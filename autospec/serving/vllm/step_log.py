@@ -48,19 +48,11 @@ def read_step_log(path: Path, since: float) -> list[dict[str, Any]]:
     with "d": the seconds vLLM's worker spent in draft proposals within the step (the draft timer's
     calls that started between the step's t0 and t1; None when the engine drafts nothing) and "p":
     the seconds of each draft forward pass in them."""
-    steps = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if row["t0"] >= since:
-                    steps.append(row)
+    steps = [row for row in _written_lines(path) if row["t0"] >= since]
     drafts = draft_log_path(path)
     calls = []
     if drafts.is_file():
-        with open(drafts, encoding="utf-8") as fh:
-            calls = sorted((c["t"], c["d"], c.get("p", [])) for c in map(json.loads, filter(str.strip, fh))
-                           if c["t"] >= since)
+        calls = sorted((c["t"], c["d"], c.get("p", [])) for c in _written_lines(drafts) if c["t"] >= since)
     starts = [t for t, _, _ in calls]
     for row, after in zip(steps, [*steps[1:], None]):
         lo, hi = bisect.bisect_left(starts, row["t0"]), bisect.bisect_right(starts, row["t1"])
@@ -69,6 +61,17 @@ def read_step_log(path: Path, since: float) -> list[dict[str, Any]]:
         # the next step's start when it carries on one of this step's requests (no idle wait between)
         row["next_t0"] = after["t0"] if after is not None and continues_batch(row["ids"], after["ids"]) else None
     return steps
+
+
+def _written_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a log vLLM's engine process appends to, less a last line without its newline.
+
+    A reader can see an append in progress (CI once read half a step line: a step the engine ran after
+    the caller's outputs had come back). Such a step is never one the caller waited for: each line is
+    written whole before the step's outputs leave the engine (the step's in
+    scheduler.RecordingScheduler.update_from_output, the draft timer's within the step's model pass)."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.endswith("\n") and line.strip()]
 
 
 def step_period(row: Mapping[str, Any]) -> float | None:

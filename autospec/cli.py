@@ -363,13 +363,13 @@ def _budget_line(run: dict) -> str:
 def _print_run(result: dict, out_dir: Path) -> None:
     tune = result.get("tune")
     engine = result.get("real_engine", "torch")
-    table = Table(title="autospec run — capacity at the SLO (simulator), SLO attainment at the workload's load "
-                        f"({engine} engine) and per-user decode speed (1/TPOT) over no-sd")
-    table.add_column("strategy")
-    table.add_column("simulator capacity (req/s)", justify="right")
-    table.add_column("simulator decode ×no-SD", justify="right")
-    table.add_column(f"{engine} engine SLO attained", justify="right")
-    table.add_column(f"{engine} engine decode ×no-SD", justify="right")
+    table = Table(title=f"autospec run — sim cap.: capacity at the SLO on the simulator; {engine} SLO met: SLO "
+                        f"attainment at the workload's load on the {engine} engine; dec.: per-user decode speed "
+                        "(1/mean TPOT) over no-SD")
+    # names whole on one line (a wrapped "tuned-static…" hides the K); short two-line headers leave them room
+    table.add_column("strategy", no_wrap=True)
+    for header in ("sim cap.\nreq/s", "sim dec.\n×no-SD", f"{engine}\nSLO met", f"{engine} dec.\n×no-SD"):
+        table.add_column(header, justify="right", no_wrap=True)
     sim = (result.get("evaluate_sim") or {}).get("strategies", {})
     real = (result.get("evaluate_real") or {}).get("strategies", {})
 
@@ -380,7 +380,7 @@ def _print_run(result: dict, out_dir: Path) -> None:
         return [fmt.format(a) if a is not None else "–", f"{s:.2f}×" if s is not None else "–"]
 
     for name in dict.fromkeys([*sim, *real]):
-        table.add_row(name + (" (tuned)" if tune and name == tune["best"]["name"] else ""),
+        table.add_row(escape(name) + (" (tuned)" if tune and name == tune["best"]["name"] else ""),
                       *cells(sim.get(name), "capacity_rps", "{:.3g}"),
                       *cells(real.get(name), "slo_attainment", "{:.0%}"))
     out.print(table)
@@ -642,10 +642,12 @@ def evaluate(
 # The evaluate table's columns: summary metric, header, how a mean prints. Capacity and the per-user
 # speed-ups first (what SD buys at the SLO); open-loop throughput last, labelled for what it is. Few and
 # narrow enough for an 80-column terminal; every metric with its CI is in eval/summary.json.
+# headers as narrow as their figures: with every column at 80 characters (a CI log) a strategy name of
+# 22 characters still fits whole (tests/cli/test_tables.py)
 EVALUATE_COLUMNS = (
-    ("capacity_rps", "capacity\nreq/s", "{:.3g}"), ("capacity_vs_no_sd", "capacity\n×no-SD", "{:.2f}×"),
-    ("tpot_speedup_vs_no_sd", "decode\n×no-SD", "{:.2f}×"),
-    ("tpot_p99_speedup_vs_no_sd", "p99 dec.\n×no-SD", "{:.2f}×"),
+    ("capacity_rps", "cap.\nreq/s", "{:.3g}"), ("capacity_vs_no_sd", "cap.\n×no-SD", "{:.2f}×"),
+    ("tpot_speedup_vs_no_sd", "dec.\n×no-SD", "{:.2f}×"),
+    ("tpot_p99_speedup_vs_no_sd", "p99\ndec.\n×no-SD", "{:.2f}×"),
     ("slo_attainment", "SLO\nmet", "{:.0%}"), ("tpot_mean", "TPOT\nms", "ms"),
     ("throughput_vs_no_sd", "tput\n×no-SD", "{:.2f}×"))
 
@@ -655,7 +657,8 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
     load = ("" if spec.max_concurrency is None else f", closed loop, {spec.max_concurrency} concurrent"
             if spec.closed_loop else f", at most {spec.max_concurrency} concurrent")
     table = Table(title=f"autospec evaluate — {summary['workload']['name'] or workload.name} on {engine} "
-                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}{load})")
+                        f"({spec.repeats} repeat{'s' if spec.repeats > 1 else ''}{load})",
+                  show_edge=False, pad_edge=False)  # the outer frame's 4 characters go to the names
     table.add_column("strategy", no_wrap=True)
     strategies = summary["strategies"]
     # a column no strategy has a value for (capacity on a real engine) is left out
@@ -670,19 +673,19 @@ def _print_evaluate(summary: dict, spec, workload: Path, engine: str, out_dir: P
         return "{:.3g}".format(v["mean"] * 1e3) if fmt == "ms" else fmt.format(v["mean"])
 
     for name, m in strategies.items():
-        table.add_row(name, *(cell(m.get(key), fmt) for key, _, fmt in columns))
+        table.add_row(escape(name), *(cell(m.get(key), fmt) for key, _, fmt in columns))
     out.print(table)
     capacity = summary.get("capacity")
     if spec.closed_loop:
-        out.print(f"decode = per-user decode speed (1/mean TPOT) and tput = throughput with {spec.max_concurrency} "
+        out.print(f"dec. = per-user decode speed (1/mean TPOT) and tput = throughput with {spec.max_concurrency} "
                   f"requests in flight, both over no-SD; {summary.get('capacity_note')}.", soft_wrap=True)
     elif capacity:
-        out.print(f"capacity: the highest arrival rate (the workload's own arrivals sped up or slowed down) at "
+        out.print(f"cap. = capacity: the highest arrival rate (the workload's own arrivals sped up or slowed down) at "
                   f"which SLO attainment stays ≥ {capacity['spec']['target']:.0%}, searched on the simulator. "
-                  "decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the "
+                  "dec. = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the "
                   "arrival rate), both over no-SD at the workload's own load.", soft_wrap=True)
     else:
-        out.print("decode = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the arrival "
+        out.print("dec. = per-user decode speed (1/mean TPOT) and tput = open-loop throughput (set by the arrival "
                   "rate) over no-SD at the workload's own load; capacity at the SLO is searched on the simulator "
                   "(--engine sim).", soft_wrap=True)
     if summary.get("shift"):
@@ -881,13 +884,16 @@ def _print_confirmation(confirmed: dict) -> None:
     engine = "vLLM" if confirmed.get("engine") == "vllm" else "the torch engine"
     table = Table(title=f"confirmed on {engine} at {', '.join(f'{s:.3g}' for s in confirmed['scales'])}x "
                         f"the window's rate ({confirmed['window_requests']} requests, {confirmed['repeats']} repeats)")
-    for header in ("candidate", "why", "real SLO attained [95% CI]", "simulator", "tie"):
-        table.add_column(header, justify="left" if header in ("candidate", "why") else "right")
+    # whole names and figures on one line each; why a candidate is there goes under its name
+    table.add_column("candidate (why)", no_wrap=True)
+    for header in ("real\nSLO met", "95% CI", "sim\nSLO met", "tie"):
+        table.add_column(header, justify="right", no_wrap=True)
     for row in confirmed["candidates"]:
         ci = row["real_attainment"]
-        table.add_row(row["strategy"] + (" ✓" if row["strategy"] == confirmed["recommended"] else ""), row["why"],
-                      f"{ci['mean']:.1%} [{ci['ci_low']:.1%}, {ci['ci_high']:.1%}]", f"{row['sim_attainment']:.1%}",
-                      "yes" if row["tied_with_best"] else "")
+        mark = " ✓" if row["strategy"] == confirmed["recommended"] else ""
+        table.add_row(f"{escape(row['strategy'])}{mark}\n[dim]({escape(row['why'])})[/dim]",
+                      f"{ci['mean']:.1%}", f"[{ci['ci_low']:.1%}, {ci['ci_high']:.1%}]",
+                      f"{row['sim_attainment']:.1%}", "yes" if row["tied_with_best"] else "")
     out.print(table)
     out.print(f"recommended: {confirmed['reason']}", soft_wrap=True)
 

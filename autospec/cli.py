@@ -859,7 +859,10 @@ def _print_tune(summary: dict, spec, out_dir: Path) -> None:
     table = Table(title=f"autospec tune — {summary['study_name']} ({summary['objective']})")
     table.add_column("best trial")
     table.add_column("value", justify="right")
-    for key, value in [("trial", best["number"]), ("strategy", best["strategy"]), ("feasible", best["feasible"]),
+    # the trial's own name says what it runs (tuned-static-k2); the Optuna candidate searched (static-k4, whose
+    # params below set K) stays beside it
+    for key, value in [("trial", best["number"]), ("strategy", best.get("name", best["strategy"])),
+                       ("searched candidate", best["strategy"]), ("feasible", best["feasible"]),
                        *best["params"].items(), *best["metrics"].items()]:
         table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
     out.print(table)

@@ -278,7 +278,9 @@ def best_table(summary: Mapping) -> dict | None:
     objectives = summary.get("objectives") or ["objective"]
     label = {"capacity_rps": "capacity at the SLO (req/s)", "goodput": "goodput (req/s)"}.get(objectives[0],
                                                                                             objectives[0])
-    rows = [["strategy", _num(best.get("strategy"))],
+    # the trial's own name (tuned-static-k2) beside the Optuna candidate searched (static-k4, its params below)
+    rows = [["strategy", _num(best.get("name", best.get("strategy")))],
+            ["searched candidate", _num(best.get("strategy"))],
             [label if len(objectives) == 1 else "objective values", _num(best.get("value"))]]
     rows += [[f"param: {k}", _num(v)] for k, v in (best.get("params") or {}).items()]
     deployable = summary.get("best_deployable")

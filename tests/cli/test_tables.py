@@ -74,3 +74,16 @@ def test_the_evaluate_table_keeps_every_strategy_name_and_figure_whole(printed, 
     rows = [line for line in lines if "│" in line and "12.3" in line]
     assert [row.split("│")[0].strip() for row in rows] == names
     assert all(row.count("1.04") == len(cli.EVALUATE_COLUMNS) - 2 and "100%" in row for row in rows)
+
+
+def test_tunes_table_names_the_best_trial_by_what_it_runs(printed, tmp_path):
+    from types import SimpleNamespace
+
+    best = {"number": 6, "strategy": "static-k4", "name": "tuned-static-k2", "feasible": True,
+            "params": {"static-k4.length.k": 2}, "metrics": {"capacity_rps": 2.73}, "value": 2.73}
+    summary = {"study_name": "s", "objective": "capacity", "best": best, "best_deployable": best,
+               "deploy": {"dir": str(tmp_path), "strategy": "deployed-static-k2", "vllm_supported": True}}
+    cli._print_tune(summary, SimpleNamespace(time_budget_s=None), tmp_path)
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in printed.getvalue().splitlines()
+            if line.startswith("│ ")}
+    assert rows["strategy"] == "tuned-static-k2" and rows["searched candidate"] == "static-k4"

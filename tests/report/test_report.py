@@ -288,3 +288,16 @@ def test_a_closed_loop_runs_throughput_is_labelled_for_what_it_is():
     closed = strategy_table({"strategies": strategies, "load": {"closed_loop": True, "max_concurrency": 4}})["columns"]
     assert "open-loop throughput (tok/s)" in open_loop
     assert "throughput at 4 in flight (tok/s)" in closed and not any("open-loop" in c for c in closed)
+
+
+def test_the_best_trial_is_named_by_what_it_runs_beside_the_candidate_searched():
+    """A static-k4 trial that searched K to 2 runs static K = 2: the table says tuned-static-k2 and keeps the
+    Optuna candidate (static-k4) whose param sets K, not 'strategy static-k4' beside 'k 2'."""
+    from autospec.report.build import best_table
+
+    best = {"number": 6, "strategy": "static-k4", "name": "tuned-static-k2", "params": {"static-k4.length.k": 2},
+            "value": 2.73}
+    rows = dict(best_table({"best": best, "objectives": ["capacity_rps"], "scope": "engine",
+                            "best_deployable": best})["rows"])
+    assert rows["strategy"] == "tuned-static-k2" and rows["searched candidate"] == "static-k4"
+    assert rows["param: static-k4.length.k"] == "2"

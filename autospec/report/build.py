@@ -379,6 +379,52 @@ def shift_blocks(summary: Mapping, tune: Mapping | None) -> list[dict] | None:
              "rows": mix}]
 
 
+VERDICT_TITLE = "Verdict: what to deploy"
+VERDICT_METRICS = (("capacity_rps", "capacity at SLO (req/s)"), ("tpot_speedup_vs_no_sd", "decode speed × no-SD"),
+                   ("slo_attainment", "SLO attainment at its load"))
+
+
+def verdict_blocks(data: RunData) -> list[dict] | None:
+    """The answer first: deploy/'s pick, whether vLLM can run it, what the real engine's confirmation found
+    (its reason names SD's gain over no-SD and a disturbed host), and the pick beside no-SD and the best
+    static K the simulator evaluated, in every evaluation's headline metrics. None without a tuning."""
+    ts = data.tune_summary or {}
+    name = (ts.get("deploy") or {}).get("strategy")
+    if not name:
+        return None
+    runs = "vLLM can run it" if ts["deploy"].get("vllm_supported") else "vLLM cannot express it (deploy/README.md)"
+    confirmed = ts.get("confirmed")
+    if not isinstance(confirmed, Mapping):
+        check = "Not confirmed on a real engine (tune ran without --confirm-top): the simulator's pick."
+    elif confirmed.get("candidates"):
+        engine = "vLLM" if confirmed.get("engine") == "vllm" else "the torch engine"
+        check = f"Confirmed on {engine}: {confirmed['reason']}."
+    else:
+        check = f"Real-engine confirmation: {confirmed.get('status')}."
+    names = [name, "no-sd"]
+    for ev in data.evals:  # the best static K by capacity at the SLO, where an evaluation searched it
+        static = {n: (m.get("capacity_rps") or {}).get("mean") for n, m in (ev.summary.get("strategies") or {}).items()
+                  if n.startswith("static-k")}
+        static = {n: c for n, c in static.items() if c is not None}
+        if static:
+            names.append(max(sorted(static), key=lambda n: static[n]))
+            break
+    columns, getters = ["strategy"], []
+    for ev in data.evals:
+        strategies = ev.summary.get("strategies") or {}
+        for key, header in VERDICT_METRICS:
+            if any((m.get(key) or {}).get("mean") is not None for m in strategies.values()):
+                columns.append(f"{ev.label}: {header}")
+                getters.append((strategies, key))
+    roles: dict[str, list[str]] = {name: ["deploy/"]}
+    if len(names) > 2:
+        roles.setdefault(names[-1], []).append("best static K, simulator")
+    rows = [[n + (f" ({'; '.join(roles[n])})" if n in roles else ""),
+             *(_ci((strategies.get(n) or {}).get(key)) for strategies, key in getters)] for n in dict.fromkeys(names)]
+    return [{"kind": "text", "text": f"Recommended: {name}, in deploy/ — {runs}. {check}"},
+            *([{"kind": "table", "columns": columns, "rows": rows}] if getters else [])]
+
+
 # --- assembly ------------------------------------------------------------------------------------
 
 
@@ -397,6 +443,7 @@ def build_sections(data: RunData) -> list[dict]:
             sections.append({"id": f"s{len(sections)}", "title": title, "blocks": blocks})
 
     fig = lambda f: {"kind": "figure", "figure": f}  # noqa: E731
+    add(VERDICT_TITLE, verdict_blocks(data) or [])
     for ev in data.evals:
         s = ev.summary
         w, slo = s.get("workload") or {}, s.get("slo") or {}
@@ -469,6 +516,8 @@ def _md_table(table: dict) -> list[str]:
 
 def render_summary(data: RunData) -> str:
     lines = [f"# autospec report — {_md(data.run_dir.resolve().name)}", ""]
+    for block in verdict_blocks(data) or []:
+        lines += [f"## {VERDICT_TITLE}", "", _md(block["text"]), ""] if block["kind"] == "text" else _md_table(block)
     for ev in data.evals:
         s = ev.summary
         w = s.get("workload") or {}

@@ -54,6 +54,7 @@ def _write_tuning(run: Path) -> None:
         "objective": "goodput", "direction": "maximize",
         "best": {"strategy": study.best_params["strategy"], "params": study.best_params, "value": study.best_value},
         "deployed": {"name": "adaspec"},  # deploy/'s pick, one of the evaluated strategies
+        "deploy": {"strategy": "adaspec", "vllm_supported": False},
         "param_importances": optuna.importance.get_param_importances(study)})
 
 
@@ -111,6 +112,22 @@ def test_report_and_summary_are_written(run_dir):
     for header in ("adaspec: SLO attainment", "regret (points)", "adaspec: capacity (req/s)", "regret (capacity lost)"):
         assert header in page and header in summary
     assert re.search(r"\| 1\.3× \| [0-9.e-]+ \| \S+ \| [0-9.e-]+ \| [0-9.]+% \|", summary)  # the prompt-mix row
+
+
+def test_the_verdict_comes_first_with_deploys_pick_beside_no_sd_and_the_best_static_k(run_dir):
+    page = (run_dir / "report.html").read_text()
+    summary = (run_dir / "summary.md").read_text()
+    title = "Verdict: what to deploy"
+    assert summary.index(f"## {title}") < summary.index("## Strategies")
+    assert page.index(title) < page.index("Strategies — eval")  # first in the page's index too
+    said = ("Recommended: adaspec, in deploy/ — vLLM cannot express it (deploy/README.md). Not confirmed on a real "
+            "engine (tune ran without --confirm-top): the simulator's pick.")
+    assert said in summary and said.replace("'", "&#39;") in page
+    rows = {line[2:].split(" | ")[0]: line for line in summary.splitlines() if line.startswith("| ")}
+    assert "adaspec (deploy/)" in rows and "static-k2 (best static K, simulator)" in rows
+    # the pick's capacity at the SLO, from the evaluation's own table
+    capacity = re.search(r"\| adaspec \| ([0-9.e-]+) \|", summary).group(1)
+    assert rows["adaspec (deploy/)"].startswith(f"| adaspec (deploy/) | {capacity} |")
 
 
 def test_user_strings_are_escaped(run_dir):
@@ -301,3 +318,27 @@ def test_the_best_trial_is_named_by_what_it_runs_beside_the_candidate_searched()
                             "best_deployable": best})["rows"])
     assert rows["strategy"] == "tuned-static-k2" and rows["searched candidate"] == "static-k4"
     assert rows["param: static-k4.length.k"] == "2"
+
+
+def test_the_verdict_names_the_confirmation_and_the_static_k_with_the_highest_capacity(tmp_path):
+    from autospec.report.build import Evaluation, RunData, verdict_blocks
+
+    def metrics(capacity, decode):
+        return {"capacity_rps": {"mean": capacity}, "tpot_speedup_vs_no_sd": {"mean": decode}}
+
+    sim = {"strategies": {"no-sd": metrics(2.0, 1.0), "static-k1": metrics(2.1, 1.1), "static-k3": metrics(2.4, 1.2),
+                          "static-k4": metrics(2.2, 1.3), "deployed-static-k3": metrics(2.4, 1.2)}}
+    real = {"strategies": {"no-sd": {"tpot_speedup_vs_no_sd": {"mean": 1.0}},
+                           "deployed-static-k3": {"tpot_speedup_vs_no_sd": {"mean": 1.15}}}}
+    tune = {"deploy": {"strategy": "deployed-static-k3", "vllm_supported": True},
+            "confirmed": {"engine": "vllm", "candidates": [{}], "reason": "static-k3: real SLO attainment 0.9"}}
+    data = RunData(tmp_path, evals=[Evaluation("eval-sim", tmp_path, sim), Evaluation("eval-vllm", tmp_path, real)],
+                   tune_summary=tune)
+    text, table = verdict_blocks(data)
+    assert text["text"] == ("Recommended: deployed-static-k3, in deploy/ — vLLM can run it. Confirmed on vLLM: "
+                            "static-k3: real SLO attainment 0.9.")
+    assert table["columns"] == ["strategy", "eval-sim: capacity at SLO (req/s)", "eval-sim: decode speed × no-SD",
+                                "eval-vllm: decode speed × no-SD"]
+    assert table["rows"] == [["deployed-static-k3 (deploy/)", "2.4", "1.2", "1.15"], ["no-sd", "2", "1", "1"],
+                             ["static-k3 (best static K, simulator)", "2.4", "1.2", "–"]]
+    assert verdict_blocks(RunData(tmp_path, evals=data.evals, tune_summary={})) is None  # no tuning, no verdict

@@ -640,10 +640,9 @@ def evaluate(
 
 
 # The evaluate table's columns: summary metric, header, how a mean prints. Capacity and the per-user
-# speed-ups first (what SD buys at the SLO); open-loop throughput last, labelled for what it is. Few and
-# narrow enough for an 80-column terminal; every metric with its CI is in eval/summary.json.
-# headers as narrow as their figures: with every column at 80 characters (a CI log) a strategy name of
-# 22 characters still fits whole (tests/cli/test_tables.py)
+# speed-ups first (what SD buys at the SLO); open-loop throughput last, labelled for what it is. Headers
+# as narrow as their figures: with every column, at 80 characters (a CI log), a strategy name of 22
+# characters still fits whole (tests/cli/test_tables.py); every metric with its CI is in eval/summary.json.
 EVALUATE_COLUMNS = (
     ("capacity_rps", "cap.\nreq/s", "{:.3g}"), ("capacity_vs_no_sd", "cap.\n×no-SD", "{:.2f}×"),
     ("tpot_speedup_vs_no_sd", "dec.\n×no-SD", "{:.2f}×"),

@@ -384,6 +384,8 @@ def _print_run(result: dict, out_dir: Path) -> None:
                       *cells(sim.get(name), "capacity_rps", "{:.3g}"),
                       *cells(real.get(name), "slo_attainment", "{:.0%}"))
     out.print(table)
+    if tune and tune.get("none_feasible"):
+        out.print(f"[yellow]warning:[/] {escape(tune['none_feasible'])}", soft_wrap=True)
     if tune:
         dep = tune["deploy"]
         if tune.get("confirmed"):
@@ -865,6 +867,8 @@ def _print_tune(summary: dict, spec, out_dir: Path) -> None:
                        *best["params"].items(), *best["metrics"].items()]:
         table.add_row(str(key), f"{value:.4g}" if isinstance(value, float) else str(value))
     out.print(table)
+    if summary.get("none_feasible"):
+        out.print(f"[yellow]warning:[/] {escape(summary['none_feasible'])}", soft_wrap=True)
     confirmed = summary.get("confirmed")
     if confirmed:
         _print_confirmation(confirmed)

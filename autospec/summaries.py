@@ -92,6 +92,7 @@ class TuneSummaryShape(BaseModel):
     scope: str | None = None
     best: TrialRecord  # what the report shows first; a summary without it is not one tune wrote
     best_deployable: TrialRecord | None = None
+    none_feasible: str | None = None  # the one line when no trial meets the SLO target (tune.none_feasible)
     confirmed: Confirmation | None = None
     deploy: dict[str, Any] | None = None
     run: dict[str, Any] | None = None

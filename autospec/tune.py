@@ -762,6 +762,9 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
             trial.set_user_attr("capacity_rps", found.rps)
             trial.set_user_attr("capacity_scale", found.scale)
             trial.set_user_attr("capacity_status", found.status)
+            # how close an infeasible trial came: the best attainment its search met, and at which load
+            closest = max(found.probes, key=lambda probe: probe[1]) if found.probes else (1.0, attainment)
+            trial.set_user_attr("capacity_best_attainment", [float(closest[0]), float(closest[1])])
             feasible = found.scale > 0
             trial.set_user_attr("constraint", [0.0 if feasible else 1.0])
             trial.set_constraint("capacity", 0.0 if feasible else 1.0)
@@ -932,7 +935,30 @@ def ranked_trials(study, spec: TuneSpec) -> list:
         front = {t.number for t in study.best_trials}
         return sorted(done, key=lambda t: (t.number not in front, not _feasible(t, spec), -t.values[0]))
     return sorted(done, key=lambda t: (not _feasible(t, spec), -t.value if _feasible(t, spec)
-                                       else _constraints(t)[0]))
+                                       else _shortfall(t, spec)))
+
+
+def _shortfall(trial, spec: TuneSpec) -> float:
+    """How far an infeasible trial stays from `min_attainment` (lower is closer). Under the capacity objective
+    every infeasible trial's constraint is the same 1.0, so it is the best attainment its capacity search
+    met, at any load; before that was recorded, the constraint (trial number order among equals)."""
+    closest = trial.user_attrs.get("capacity_best_attainment")
+    if spec.objective == "capacity" and closest is not None:
+        return spec.min_attainment - closest[1]
+    return _constraints(trial)[0]
+
+
+def none_feasible(best, spec: TuneSpec, name: str) -> str | None:
+    """The one line a user needs when no trial met the SLO target at any load: the closest trial, the
+    attainment it reached and where, and capacity 0; None when the best trial is feasible."""
+    if _feasible(best, spec):
+        return None
+    closest = best.user_attrs.get("capacity_best_attainment")
+    reached = (f"{closest[1]:.1%} SLO attainment at {closest[0]:.3g}x the workload's rate" if closest
+               else f"{spec.min_attainment - _constraints(best)[0]:.1%} SLO attainment at the workload's rate")
+    return (f"no configuration meets the SLO (TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s) for "
+            f"{spec.min_attainment:.0%} of requests at any load searched: capacity at the SLO 0 req/s; the "
+            f"closest, {name} (trial {best.number}), reached {reached}")
 
 
 def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
@@ -975,6 +1001,7 @@ def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,
         "trials": {state: int(n) for state, n in frame["state"].value_counts().items()},
         "scope": spec.scope,
         "best": _trial_summary(best, tuned, spec),
+        "none_feasible": none_feasible(best, spec, tuned.name),  # the line when no trial meets the SLO target
         # the best trial vLLM can run as shipped: what deploy/ holds (None: no trial can be deployed)
         "best_deployable": (_trial_summary(deployable[2], tuned if deployable[2] is best else tuned_spec(
             deployable[0], deployable[2], spec, prefix="deployed"), spec) if deployable is not None else None),

@@ -421,7 +421,8 @@ def verdict_blocks(data: RunData) -> list[dict] | None:
         roles.setdefault(names[-1], []).append("best static K, simulator")
     rows = [[n + (f" ({'; '.join(roles[n])})" if n in roles else ""),
              *(_ci((strategies.get(n) or {}).get(key)) for strategies, key in getters)] for n in dict.fromkeys(names)]
-    return [{"kind": "text", "text": f"Recommended: {name}, in deploy/ — {runs}. {check}"},
+    short = f" Warning — {ts['none_feasible']}." if ts.get("none_feasible") else ""
+    return [{"kind": "text", "text": f"Recommended: {name}, in deploy/ — {runs}. {check}{short}"},
             *([{"kind": "table", "columns": columns, "rows": rows}] if getters else [])]
 
 

@@ -353,3 +353,27 @@ def test_a_bad_journal_storage_is_one_line(tmp_path, case):
     with pytest.raises(InputError, match="journal") as err:
         open_storage(str(path))
     assert "\n" not in str(err.value) and err.value.field == "storage"
+
+
+def test_when_no_trial_meets_the_slo_the_closest_is_best_and_one_line_says_so(tmp_path):
+    """Under the capacity objective every infeasible trial has constraint 1.0 and capacity 0, so trial
+    order decided the 'best'; the attainment each capacity search reached ranks them instead."""
+    from autospec.tune import TuneSpec, none_feasible, ranked_trials
+
+    spec = TuneSpec(workload=tmp_path / "w.toml", profile=tmp_path, objective="capacity")
+    study = optuna.create_study(direction="maximize")
+    for number, (scale, reached) in enumerate([(0.125, 0.40), (0.125, 0.70), (0.0625, 0.55)]):
+        study.add_trial(optuna.trial.create_trial(
+            params={"strategy": f"s{number}"}, distributions={"strategy": optuna.distributions.CategoricalDistribution(
+                ["s0", "s1", "s2"])}, value=0.0,
+            user_attrs={"constraint": [1.0], "capacity_best_attainment": [scale, reached]}))
+    ranked = ranked_trials(study, spec)
+    assert [t.number for t in ranked] == [1, 2, 0]
+    line = none_feasible(ranked[0], spec, "tuned-s1")
+    assert line.startswith("no configuration meets the SLO") and "capacity at the SLO 0 req/s" in line
+    assert "tuned-s1 (trial 1), reached 70.0% SLO attainment at 0.125x the workload's rate" in line
+    study.add_trial(optuna.trial.create_trial(
+        params={"strategy": "s0"}, distributions={"strategy": optuna.distributions.CategoricalDistribution(
+            ["s0", "s1", "s2"])}, value=1.5, user_attrs={"constraint": [0.0]}))
+    best = ranked_trials(study, spec)[0]
+    assert best.number == 3 and none_feasible(best, spec, "tuned-s0") is None

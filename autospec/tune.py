@@ -954,8 +954,12 @@ def none_feasible(best, spec: TuneSpec, name: str) -> str | None:
     if _feasible(best, spec):
         return None
     closest = best.user_attrs.get("capacity_best_attainment")
-    reached = (f"{closest[1]:.1%} SLO attainment at {closest[0]:.3g}x the workload's rate" if closest
-               else f"{spec.min_attainment - _constraints(best)[0]:.1%} SLO attainment at the workload's rate")
+    if closest and closest[1] <= 0:  # a max over all-zero probes would name an arbitrary load
+        reached = "0% SLO attainment at every load searched"
+    elif closest:
+        reached = f"{closest[1]:.1%} SLO attainment at {closest[0]:.3g}x the workload's rate"
+    else:
+        reached = f"{spec.min_attainment - _constraints(best)[0]:.1%} SLO attainment at the workload's rate"
     return (f"no configuration meets the SLO (TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s) for "
             f"{spec.min_attainment:.0%} of requests at any load searched: capacity at the SLO 0 req/s; the "
             f"closest, {name} (trial {best.number}), reached {reached}")

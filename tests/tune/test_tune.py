@@ -377,3 +377,7 @@ def test_when_no_trial_meets_the_slo_the_closest_is_best_and_one_line_says_so(tm
             ["s0", "s1", "s2"])}, value=1.5, user_attrs={"constraint": [0.0]}))
     best = ranked_trials(study, spec)[0]
     assert best.number == 3 and none_feasible(best, spec, "tuned-s0") is None
+    # a trial that met the SLO for no request at any load names no load (the max over zeros is arbitrary)
+    nowhere = optuna.trial.create_trial(params={}, distributions={}, value=0.0,
+                                        user_attrs={"constraint": [1.0], "capacity_best_attainment": [1.0, 0.0]})
+    assert none_feasible(nowhere, spec, "tuned-s0").endswith("reached 0% SLO attainment at every load searched")

@@ -949,20 +949,22 @@ def _shortfall(trial, spec: TuneSpec) -> float:
 
 
 def none_feasible(best, spec: TuneSpec, name: str) -> str | None:
-    """The one line a user needs when no trial met the SLO target at any load: the closest trial, the
-    attainment it reached and where, and capacity 0; None when the best trial is feasible."""
+    """The one line a user needs when no trial met the SLO target: the closest trial and the attainment it
+    reached (under the capacity objective, at any load searched: capacity 0); None when the best is feasible."""
     if _feasible(best, spec):
         return None
+    slo = (f"no configuration meets the SLO (TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s) for "
+           f"{spec.min_attainment:.0%} of requests")
     closest = best.user_attrs.get("capacity_best_attainment")
-    if closest and closest[1] <= 0:  # a max over all-zero probes would name an arbitrary load
+    if spec.objective != "capacity" or closest is None:  # goodput, multi: one replay at the workload's rate
+        reached = f"{spec.min_attainment - _constraints(best)[0]:.1%} SLO attainment"
+        return f"{slo} at the workload's rate; the closest, {name} (trial {best.number}), reached {reached}"
+    if closest[1] <= 0:  # a max over all-zero probes would name an arbitrary load
         reached = "0% SLO attainment at every load searched"
-    elif closest:
-        reached = f"{closest[1]:.1%} SLO attainment at {closest[0]:.3g}x the workload's rate"
     else:
-        reached = f"{spec.min_attainment - _constraints(best)[0]:.1%} SLO attainment at the workload's rate"
-    return (f"no configuration meets the SLO (TTFT ≤ {spec.slo.ttft_s:g} s, TPOT ≤ {spec.slo.tpot_s:g} s) for "
-            f"{spec.min_attainment:.0%} of requests at any load searched: capacity at the SLO 0 req/s; the "
-            f"closest, {name} (trial {best.number}), reached {reached}")
+        reached = f"{closest[1]:.1%} SLO attainment at {closest[0]:.3g}x the workload's rate"
+    return (f"{slo} at any load searched: capacity at the SLO 0 req/s; the closest, {name} (trial {best.number}), "
+            f"reached {reached}")
 
 
 def write_results(spec: TuneSpec, out_dir: Path, study, replay: Replay,

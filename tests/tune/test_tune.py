@@ -381,3 +381,9 @@ def test_when_no_trial_meets_the_slo_the_closest_is_best_and_one_line_says_so(tm
     nowhere = optuna.trial.create_trial(params={}, distributions={}, value=0.0,
                                         user_attrs={"constraint": [1.0], "capacity_best_attainment": [1.0, 0.0]})
     assert none_feasible(nowhere, spec, "tuned-s0").endswith("reached 0% SLO attainment at every load searched")
+    # goodput replays only the workload's own rate: its line claims no capacity and no other load
+    goodput = TuneSpec(workload=tmp_path / "w.toml", profile=tmp_path, objective="goodput")
+    short = optuna.trial.create_trial(params={}, distributions={}, value=0.0, user_attrs={"constraint": [0.3]})
+    line = none_feasible(short, goodput, "tuned-s0")
+    assert line.endswith("at the workload's rate; the closest, tuned-s0 (trial -1), reached 60.0% SLO attainment")
+    assert "capacity" not in line and "any load" not in line

@@ -763,7 +763,7 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
             trial.set_user_attr("capacity_scale", found.scale)
             trial.set_user_attr("capacity_status", found.status)
             # how close an infeasible trial came: the best attainment its search met, and at which load
-            closest = max(found.probes, key=lambda probe: probe[1]) if found.probes else (1.0, attainment)
+            closest = max(found.probes, key=lambda probe: probe[1])  # never empty: the search probes 1x first
             trial.set_user_attr("capacity_best_attainment", [float(closest[0]), float(closest[1])])
             feasible = found.scale > 0
             trial.set_user_attr("constraint", [0.0 if feasible else 1.0])

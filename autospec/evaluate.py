@@ -343,6 +343,10 @@ def run_evaluate(spec: EvaluateSpec, out_dir: Path | None, progress: Progress | 
     for strat in strategies:
         check_k_max(strat, spec.k_max)
     trace = load_workload(spec.workload)
+    if spec.engine != "sim":  # a request the pair cannot hold, before any engine starts
+        from autospec.serving.factory import check_workload_fits
+
+        check_workload_fits(trace, spec.pair, spec.k_max, path=spec.workload)
     capacity_of: CapacityFn | None = None
     shift_of: ShiftFn | None = None
     # the host's CPU load while a real engine is timed (telemetry.HostLoadMeter); the simulator needs none.

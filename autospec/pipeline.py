@@ -122,8 +122,16 @@ def check_before_any_stage(spec: RunSpec, stages: list[str], out_dir: Path) -> N
         raise InputError(f"stage {needs_profile[0]} needs a profile: add \"profile\" to stages (with [profile] "
                          "reuse to copy an earlier one), or point --out at a profiled run directory", path=out_dir,
                          field="stages")
-    if {"tune", "evaluate"} & set(stages):
-        load_workload(spec.workload)
+    if {"tune", "evaluate"} & set(stages) or ("profile" in stages and spec.workload.is_file()):
+        from autospec.serving.factory import check_workload_fits  # lazily: torch (~2 s), which a sim-only run skips
+
+        trace = load_workload(spec.workload)
+        # a request the pair cannot hold stops the real engine (profile, confirmation, real evaluate) minutes in
+        if ("profile" in stages and spec.profile.reuse is None) or ("evaluate" in stages and spec.evaluate.real_engine):
+            check_workload_fits(trace, spec.pair, spec.engine.k_max, path=spec.workload)
+        elif "tune" in stages and spec.tune.confirm_top:  # the confirmation replays the first requests only
+            check_workload_fits(trace.cap(spec.tune.confirm_requests), spec.pair, spec.engine.k_max,
+                                path=spec.workload)
     if "tune" in stages:
         _with_prefix("tune.strategies", lambda: candidate_specs(spec.tune.strategies))
         if spec.tune.storage is not None:  # a journal that cannot hold the study, an RDB that does not answer

@@ -585,7 +585,13 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json. The trace prompts
     come from `workload` (what its real replay sends, `workload_prompts`, unclipped), `prompt_files`,
     or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
-    from autospec.serving.factory import build_engine, load_tokenizer, prompt_token_ids, random_vocab
+    from autospec.serving.factory import (
+        build_engine,
+        check_workload_fits,
+        load_tokenizer,
+        prompt_token_ids,
+        random_vocab,
+    )
 
     latency_from = latency_units = None
     engine_meta: dict[str, Any] = {}
@@ -602,6 +608,8 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
+    if workload is not None:  # its replay will need every request to fit: say so before the grid, not after
+        check_workload_fits(load_workload(workload), pair, settings.k_max, path=workload)
     tokenizer = load_tokenizer(pair.target)
     encoded, longest_output = (workload_prompts(workload, tokenizer, settings.prompts_per_domain)
                                if workload is not None else ([], 0))

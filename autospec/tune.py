@@ -792,6 +792,11 @@ def run_tune(spec: TuneSpec, out_dir: Path, progress: Callable[[int, int], None]
     specs = candidate_specs(spec.strategies, _undeployable(spec, replay.k_max) if spec.scope == "engine" else None)
     for candidate in specs.values():
         check_k_max(candidate, replay.k_max)
+    if spec.confirm_top:  # the confirmation's window must fit the pair, known before the search, not after
+        from autospec.serving.factory import check_workload_fits
+
+        check_workload_fits(load_workload(spec.workload).cap(spec.confirm_requests), spec.pair, replay.k_max,
+                            path=spec.workload)
     sm_axis = profile_has_sm_split(spec.profile)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _quiet_optuna_failures()

@@ -23,6 +23,15 @@ from autospec.errors import InputError, parse_json, read_text_file
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
 
+def config_max_positions(cfg: dict) -> int | None:
+    """The positions a model was trained for: a Hugging Face config.json's max_position_embeddings (a
+    multimodal config's `text_config`'s); None when it names no positive whole number."""
+    text = cfg.get("text_config")
+    own = cfg.get("max_position_embeddings") or (text.get("max_position_embeddings")
+                                                 if isinstance(text, dict) else None)
+    return own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else None
+
+
 @dataclass(frozen=True)
 class LlamaShape:
     vocab_size: int
@@ -79,7 +88,7 @@ class LlamaShape:
                 qk_norm=arch == "Qwen3ForCausalLM",
                 architecture=arch,
                 eos_token_ids=eos_ids,
-                max_positions=int(cfg["max_position_embeddings"]) if cfg.get("max_position_embeddings") else None,
+                max_positions=config_max_positions(cfg),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"config.json is missing or has a bad field: {exc}", path=path) from None

@@ -8,6 +8,7 @@ one place that turns `PairSpec` / `EngineSpec` into a `TorchSDEngine`.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -15,15 +16,17 @@ import numpy as np
 import torch
 
 from autospec.config import EngineSpec, PairSpec
+from autospec.engines.llama import config_max_positions
 from autospec.engines.torch_engine import TorchSDEngine
 from autospec.errors import InputError
 from autospec.latency import LinearLatencyModel, fit_linear, linear_features
 from autospec.strategy import StrategySpec, load_preset, spec_from_dict
 from autospec.workloads.prompts import Prompt
-from autospec.workloads.trace import TraceRequest
+from autospec.workloads.trace import Trace, TraceRequest
 
-__all__ = ["build_engine", "encode_prompts", "load_tokenizer", "needs_latency_model", "prompt_token_ids",
-           "quick_latency_model", "random_vocab", "sent_prompt_ids", "strategy_spec"]
+__all__ = ["build_engine", "check_workload_fits", "context_window", "encode_prompts", "load_tokenizer",
+           "needs_latency_model", "prompt_token_ids", "quick_latency_model", "random_vocab", "sent_prompt_ids",
+           "strategy_spec"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_FREE = ({"static", "none"}, {"all"})  # length / verify policies that need no latency model
@@ -121,3 +124,41 @@ def random_vocab(tokenizer) -> dict:
     """What `load_dataset("random", ...)` draws from: the tokenizer's base vocabulary (vLLM's choice; ids
     added on top of it may have no trained embedding) less its special tokens."""
     return {"vocab_size": int(tokenizer.vocab_size), "exclude_ids": tuple(tokenizer.all_special_ids)}
+
+
+def context_window(pair: PairSpec) -> int | None:
+    """The most positions a request may occupy on `pair`: the smaller of its models' trained context
+    (config.json's max_position_embeddings, as the torch engine's `max_context` and vLLM's max_model_len
+    read it); None when no config names one. A config that cannot be read counts as naming none: loading
+    the model reports it."""
+    limits = []
+    for model in (pair.target, pair.draft):
+        try:
+            cfg = json.loads((Path(model) / "config.json").read_text(encoding="utf-8")) if model else None
+        except (OSError, ValueError, RecursionError):
+            cfg = None
+        if isinstance(cfg, dict) and (limit := config_max_positions(cfg)):
+            limits.append(limit)
+    return min(limits) if limits else None
+
+
+def check_workload_fits(trace: Trace, pair: PairSpec, k_max: int, *, path: Path) -> None:
+    """Refuse a workload (`path`, its trace `trace`) with a request the pair cannot hold: its prompt, every
+    token it may generate and the K_max drafts a last round verifies past them (the engine's `check_fits`
+    rule). Checked before any engine starts: a raw production trace (prompts of thousands of tokens)
+    used to stop `autospec run` only once the profile reached its prompts, and a confirmation only
+    after the whole search. One line: the first such request, how many there are, and the clip that fits."""
+    limit = context_window(pair)
+    if limit is None or not len(trace):
+        return
+    prompt, output = trace.column("prompt_len"), trace.column("output_len")
+    need = prompt + output + k_max
+    over = (need > limit).nonzero()[0]
+    if not len(over):
+        return
+    first = int(over[0])
+    others = f"; so do {len(over) - 1} more of its {len(trace)} requests" if len(over) > 1 else ""
+    raise InputError(f"request {first} needs {int(need[first])} positions ({int(prompt[first])} prompt + "
+                     f"{int(output[first])} output tokens + K_max {k_max} drafts), more than the models' context "
+                     f"window of {limit}{others}; clip the workload so that max_prompt_tokens + max_output_tokens "
+                     f"<= {limit - k_max}", path=path, field="workload")

@@ -381,6 +381,50 @@ def test_bad_run_configs_are_refused_before_any_stage_writes(tmp_path, capsys, c
     refuse(tmp_path, capsys, ["run", tmp_path / "run.toml", "--out", tmp_path / "out"], needle)
 
 
+# a raw production trace: prompts of up to 3,000 tokens, past the bundled pair's 2,048 positions
+LONG_WORKLOAD = synthetic_workload("long", rate=4, duration_s=3, max_requests=8, prompt_tokens=1500, output_tokens=8,
+                                   domains=False)
+
+
+@pytest.mark.parametrize("command", ["run", "profile", "evaluate-torch", "tune-confirm"])
+def test_a_workload_longer_than_the_pairs_context_is_refused_before_any_engine_runs(valid, tmp_path, capsys, command):
+    """Every command that replays the workload on the real engine refuses it up front, naming the workload
+    file, a request, how many more and the clip that fits — not minutes in, once the profile reached its
+    prompts (`autospec run` on a raw trace did that) or after the whole search (a confirmation)."""
+    (tmp_path / "long.toml").write_text(LONG_WORKLOAD)
+    (tmp_path / "run.toml").write_text('workload = "long.toml"\n')
+    argv = {
+        "run": ["run", tmp_path / "run.toml", "--out", tmp_path / "out"],
+        "profile": ["profile", "--quick", "--workload", tmp_path / "long.toml", "--out", tmp_path / "out"],
+        "evaluate-torch": ["evaluate", "--workload", tmp_path / "long.toml", "--strategies", "static-k2",
+                           "--engine", "torch", "--out", tmp_path / "out", "--k-max", K_MAX],
+        "tune-confirm": ["tune", "--workload", tmp_path / "long.toml", "--profile", valid["run"], "--trials", "2",
+                         "--strategies", "static-k2", "--k-max", K_MAX, "--confirm-top", "1", "--out",
+                         tmp_path / "out"],
+    }[command]
+    line = refuse(tmp_path, capsys, argv, "more than the models' context window of 2048")
+    assert "long.toml [workload]: request " in line and "more of its 8 requests" in line, line
+    assert "max_prompt_tokens + max_output_tokens <=" in line, line
+
+
+def test_the_context_window_is_the_smaller_models_and_unknown_when_no_config_names_one(tmp_path):
+    from autospec.config import PairSpec
+    from autospec.serving.factory import check_workload_fits, context_window
+    from autospec.workloads.trace import Trace
+
+    configs = {"target": {"max_position_embeddings": 4096}, "draft": {"text_config": {"max_position_embeddings": 1024}},
+               "plain": {"hidden_size": 8}, "odd": {"max_position_embeddings": True}}
+    for name, cfg in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    assert context_window(PairSpec(target=tmp_path / "target", draft=tmp_path / "draft")) == 1024
+    assert context_window(PairSpec(target=tmp_path / "target", draft=None)) == 4096
+    unknown = PairSpec(target=tmp_path / "plain", draft=tmp_path / "odd")
+    assert context_window(unknown) is None
+    # nothing to check against: the engine that loads such a model decides
+    check_workload_fits(Trace.from_arrays([0.0], [100_000], [10]), unknown, 8, path=tmp_path / "w.toml")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["evaluate", "--workload", "w.toml", "--strategies", "no-sd", "--engine", "sim", "--profile", "p",
       "--out", "out", "--seed", "-1"], "--seed"),

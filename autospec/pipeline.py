@@ -42,6 +42,7 @@ from autospec.fit import (
     write_fit,
 )
 from autospec.profile import ProfileSettings, profile_pair
+from autospec.progress import format_duration
 from autospec.report.build import write_report
 from autospec.strategy import load_preset
 from autospec.tune import TuneSpec, candidate_specs, check_storage, run_tune
@@ -82,7 +83,7 @@ def run_pipeline(spec: RunSpec, out_dir: Path, progress: Progress | None = None,
         done["tune"] = _tune(spec, out_dir, stage, progress)
     tuned = [p for p in (out_dir / "tune" / "best.toml", _deployed_if_other(done.get("tune"), out_dir)) if p]
     if "evaluate" in stages:
-        _evaluate(spec, out_dir, [p for p in tuned if p.is_file()], stage, progress, done)
+        _evaluate(spec, out_dir, [p for p in tuned if p.is_file()], stage, progress, done, say)
     if "report" in stages:
         done["report"] = str(stage("report", lambda: write_report(out_dir)))
     return done
@@ -231,7 +232,7 @@ def _deployed_if_other(tune: dict[str, Any] | None, out_dir: Path) -> Path | Non
 
 
 def _evaluate(spec: RunSpec, out_dir: Path, tuned: list[Path], stage: Stage, progress: Progress | None,
-              done: dict[str, Any]) -> None:
+              done: dict[str, Any], say: Callable[[str], None]) -> None:
     """Every listed strategy and the tuned one(s) — the study's best, and deploy/'s when it is another —
     on the simulator (DIR/eval-sim/), then `real_strategies` and the tuned one(s) on the torch engine
     (DIR/eval-torch/); summaries into `done`."""
@@ -251,9 +252,31 @@ def _evaluate(spec: RunSpec, out_dir: Path, tuned: list[Path], stage: Stage, pro
                                                      fit=out_dir)["supported"]]
         real = EvaluateSpec(strategies=[*spec.evaluate.real_strategies, *extra], engine=kind,
                             pair=spec.pair, device=spec.engine.device, k_max=spec.engine.k_max, **common)
+        if (estimate := real_replay_estimate(real, done["evaluate_sim"])) is not None:
+            say(estimate)
         done["real_engine"] = kind
         done["evaluate_real"] = stage(f"evaluate ({kind} engine)",
                                       lambda: run_evaluate(real, out_dir / f"eval-{kind}", progress=progress).summary)
+
+
+def real_replay_estimate(real: EvaluateSpec, sim_summary: dict[str, Any]) -> str | None:
+    """How long the real engine's evaluation will take, said before it starts: the simulator's makespan of
+    each strategy it replays (at the workload's own arrival times, so the idle gaps and the queue an
+    overloaded replay builds count), times the repeats; a strategy the simulator did not replay counts
+    as the mean of those it did. None when it replayed none of them. A raw trace of thousands of requests
+    replays in real time for hours, and the progress bar's ETA, from the first requests' pace, cannot
+    see the queue the later ones wait in."""
+    names = [s.name for s in resolve_strategies(real.strategies)[0]]
+    spans = [(sim_summary["strategies"].get(n) or {}).get("makespan_s", {}).get("mean") for n in names]
+    known = [s for s in spans if isinstance(s, (int, float))]
+    if not known:
+        return None
+    total = sum(known) / len(known) * len(names) * real.repeats
+    requests = int(sim_summary["workload"]["requests"])
+    return (f"[evaluate] the {real.engine} engine replays the workload's {requests} requests under {len(names)} "
+            f"strateg{'y' if len(names) == 1 else 'ies'} x {real.repeats} repeat{'s' if real.repeats > 1 else ''}: "
+            f"about {format_duration(total)} by the simulator's clock (a window bounds it: max_requests or "
+            "duration_s in the workload)")
 
 
 def _copy_measurements(source: Path, out_dir: Path) -> None:

@@ -44,6 +44,9 @@ real_strategies = ["no-sd"]
     result = json.loads(res.stdout)
     assert list(result["stages"]) == ["profile", "fit", "tune", "evaluate (simulator)", "evaluate (torch engine)",
                                       "report"]
+    # before the real replay starts, how long it will take by the simulator's clock
+    assert "[evaluate] the torch engine replays the workload's 10 requests under 2 strategies x 1 repeat: about " \
+        in " ".join(res.stderr.split()), res.stderr
     for rel in ("profile/latency.parquet", "fit/models.json", "tune/best.toml", "tune/trials.parquet",
                 "deploy/vllm_speculative_config.json", "deploy/autospec_strategy.toml", "eval-sim/eval/summary.json",
                 "eval-torch/eval/requests.parquet", "report.html", "summary.md", "manifest.json", "config.toml"):
@@ -93,3 +96,18 @@ def test_a_vllm_run_on_a_torch_profile_is_one_line_and_exit_2(tmp_path):
     expected = "profile.reuse measured the torch engine" if vllm_available() else VLLM_MISSING.split(":")[0]
     assert expected in res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_real_replays_length_is_the_simulators_makespans_and_unknown_ones_count_as_their_mean():
+    from autospec.evaluate import EvaluateSpec
+    from autospec.pipeline import real_replay_estimate
+
+    sim = {"workload": {"requests": 3000.0}, "strategies": {
+        "no-sd": {"makespan_s": {"mean": 3000.0}}, "static-k2": {"makespan_s": {"mean": 1800.0}}}}
+    real = EvaluateSpec(workload="w.toml", strategies=["no-sd", "static-k2", "static-k5"], engine="torch", repeats=2)
+    # (3000 + 1800) / 2 per strategy, x 3 strategies x 2 repeats = 14,400 s
+    assert real_replay_estimate(real, sim) == (
+        "[evaluate] the torch engine replays the workload's 3000 requests under 3 strategies x 2 repeats: about "
+        "4h00m by the simulator's clock (a window bounds it: max_requests or duration_s in the workload)")
+    unknown = EvaluateSpec(workload="w.toml", strategies=["no-sd"], engine="torch")
+    assert real_replay_estimate(unknown, {**sim, "strategies": {}}) is None

@@ -130,6 +130,31 @@ class ProfileSettings(BaseModel):
         return cls(k_max=k_max, batches=[1, 2, 4, 8], contexts=[32, 128, 384], prefill_tokens=[32, 128, 256, 512],
                    repeats=5, warmup=2, prompts_per_domain=48, trace_tokens=48, max_prompt_tokens=128)
 
+    def covering(self, context: int, prompt: int, window: int | None, spread: float = 0.5) -> "ProfileSettings":
+        """This grid with decode contexts and prefill lengths added until it reaches a workload's longest
+        context (prompt + output) and longest prompt, so the simulator prices its steps from measurements,
+        not from the fit's extrapolation (`autospec profile --workload`, `autospec run`). Each added value
+        doubles the last, the final one is the workload's own. None passes what the grid's cells can hold
+        in the models' context `window`: a cell's prompts grow by up to (K_max + 1) x (warmup + repeats +
+        2) tokens while it is timed, and a ragged cell's longest prompt is (1 + `spread`) x its context
+        (0.5 on the torch engine, `time_ragged_calls`; vLLM's profile spreads its decode rows by
+        `RAGGED_SPREAD`, 0.75). The steps beyond stay flagged as outside the profile. A grid that covers
+        the workload already is returned unchanged."""
+        growth = (self.k_max + 1) * (self.warmup + self.repeats + 2) + 2
+        top_context = context if window is None else min(context, int((window - growth) / (1 + spread)))
+        top_prompt = prompt if window is None else min(prompt, window - growth)
+        return self.model_copy(update={"contexts": _extended(self.contexts, top_context),
+                                       "prefill_tokens": _extended(self.prefill_tokens, top_prompt)})
+
+
+def _extended(values: list[int], target: int) -> list[int]:
+    """`values` with doublings of the largest added until `target`, which ends them (the largest doubles
+    past it: `target` itself)."""
+    out = list(values)
+    while out and out[-1] < target:
+        out.append(min(2 * out[-1], target))
+    return out
+
 
 class VllmWorker(BaseModel):
     """profile.json's `vllm_worker`: what the worker of a vLLM profile's draft_model engine computed on, read

@@ -588,11 +588,23 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     from autospec.serving.factory import (
         build_engine,
         check_workload_fits,
+        context_window,
         load_tokenizer,
         prompt_token_ids,
         random_vocab,
     )
 
+    if workload is not None:
+        trace = load_workload(workload)
+        # its replay will need every request to fit: said before the grid, not after
+        check_workload_fits(trace, pair, settings.k_max, path=workload)
+        # and the grid reaches its longest prompt and context (before the vLLM grid is laid out from it)
+        prompt, output = trace.column("prompt_len"), trace.column("output_len")
+        spread = 0.5  # time_ragged_calls' rows: context/2 .. 3·context/2
+        if engine_kind == "vllm":
+            from autospec.serving.vllm.latency_profile import RAGGED_SPREAD as spread
+        settings = settings.covering(int((prompt + output).max()), int(prompt.max()), context_window(pair),
+                                     spread=spread)
     latency_from = latency_units = None
     engine_meta: dict[str, Any] = {}
     if engine_kind == "vllm":
@@ -608,8 +620,6 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     for p in (pair.target, pair.draft):
         if p is None or not (Path(p) / "config.json").is_file():
             raise InputError("not a model directory (no config.json)", path=p)
-    if workload is not None:  # its replay will need every request to fit: say so before the grid, not after
-        check_workload_fits(load_workload(workload), pair, settings.k_max, path=workload)
     tokenizer = load_tokenizer(pair.target)
     encoded, longest_output = (workload_prompts(workload, tokenizer, settings.prompts_per_domain)
                                if workload is not None else ([], 0))

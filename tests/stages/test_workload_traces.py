@@ -98,3 +98,52 @@ def test_profile_pair_sizes_workload_traces_to_the_prompts_and_outputs_it_sends(
     assert seen["settings"].trace_tokens == max(r.output_len for r in rows) > 4
     assert seen["settings"].max_prompt_tokens == max(len(p.ids) for p in seen["prompts"]) > 8
     assert {p.prompt_id for p in seen["prompts"]} == {prompt_key(r) for r in rows}
+
+
+def test_the_profile_grid_reaches_the_workloads_longest_prompt_and_context(bundled_pair, tmp_path, monkeypatch):
+    """A workload past the quick grid (prompts to 800 tokens; the grid stops at context 384 and prefill 512)
+    is profiled out to its own shapes, so the simulator does not extrapolate its steps; the bundled
+    workloads lie inside the quick grid and leave it as it is (and so the committed profiles)."""
+    import autospec.profile as profile
+    from autospec.config import PairSpec
+
+    long = tmp_path / "long.toml"
+    long.write_text(synthetic_workload("long", rate=50.0, duration_s=1.0, max_requests=8, prompt_tokens=400,
+                                       output_tokens=8, bundled_prompts=True))
+    trace = load_workload(long)
+    prompt, context = int(trace.column("prompt_len").max()), int((trace.column("prompt_len")
+                                                                    + trace.column("output_len")).max())
+    assert prompt > 512 and context > 384
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def spy(engine, prompts, settings, *args, **kwargs):
+        seen["settings"] = settings
+        raise Stop
+
+    monkeypatch.setattr(profile, "run_profile", spy)
+    quick = ProfileSettings.quick(3)
+    with pytest.raises(Stop):
+        profile.profile_pair(tmp_path / "run", PairSpec(target=bundled_pair[0], draft=bundled_pair[1]), quick,
+                             workload=long)
+    assert seen["settings"].contexts == [32, 128, 384, context]  # 384 doubled is past it: its own
+    assert seen["settings"].prefill_tokens == [32, 128, 256, 512, prompt]
+    repo = Path(__file__).resolve().parents[2]
+    for bundled in ("bursty", "poisson", "azure-code-cpu"):
+        trace = load_workload(repo / "workloads" / f"{bundled}.toml")
+        lengths = trace.column("prompt_len")
+        assert quick.covering(int((lengths + trace.column("output_len")).max()), int(lengths.max()), 2048) == quick
+
+
+def test_the_grid_stops_where_its_own_cells_would_pass_the_context_window():
+    quick = ProfileSettings.quick(8)
+    wide = quick.covering(1792, 1536, 2048)
+    # a cell grows its prompts by up to 9 x (2 + 5 + 2) + 2 = 83 tokens; a ragged cell's longest prompt is
+    # 1.5x its context on the torch engine, 1.75x on vLLM's profile
+    assert wide.contexts == [32, 128, 384, 768, 1310] and 1.5 * 1310 + 83 <= 2048 < 1.5 * 1311 + 83 + 1
+    assert wide.prefill_tokens == [32, 128, 256, 512, 1024, 1536]
+    assert quick.covering(1792, 1536, 2048, spread=0.75).contexts[-1] == 1122 and 1.75 * 1122 + 83 <= 2048
+    assert quick.covering(1792, 2040, 2048).prefill_tokens[-1] == 2048 - 83
+    assert quick.covering(5000, 4000, None).contexts == [32, 128, 384, 768, 1536, 3072, 5000]

@@ -302,8 +302,8 @@ def run(
     time_budget: Optional[str] = typer.Option(None, "--time-budget", help="cap on the tune stage's search "
                                               "(seconds, or 90s, 20m, 1h; tune.time_budget in a config): it "
                                               "starts no trial after that. The other stages are bounded already: "
-                                              "a fixed profile grid, the workload's requests × strategies × "
-                                              "repeats"),
+                                              "a profile grid sized by the workload's longest request, the "
+                                              "workload's requests × strategies × repeats"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The main job: profile → fit → tune → evaluate → report, on the bundled pair and bursty workload by default.

@@ -18,7 +18,7 @@ workload, with the SLO of `autospec.config.SloSpec`; it is sized to finish in ab
 2-core CPU (a quick profile, 40 simulated trials, a confirmation of the top two, the best static K and
 no-SD on a 60-request window, one real replay of two strategies). `[tune] time_budget`
 (`autospec run --time-budget`) caps the tune stage's search; the other stages are bounded by their
-settings (a fixed profile grid, the workload's requests × strategies × repeats).
+settings (a profile grid sized by the workload's longest request, the workload's requests × strategies × repeats).
 """
 
 from __future__ import annotations

@@ -584,7 +584,9 @@ def profile_pair(out_dir: Path, pair, settings: ProfileSettings, *, prompt_files
     """`autospec profile`: time the pair on `engine_kind` (torch, or vllm for the step latency), record
     acceptance traces on the torch engine, and write DIR/profile/ + DIR/manifest.json. The trace prompts
     come from `workload` (what its real replay sends, `workload_prompts`, unclipped), `prompt_files`,
-    or the named `dataset` (a `DatasetSelection`), else the bundled sets."""
+    or the named `dataset` (a `DatasetSelection`), else the bundled sets. With `workload`, its requests
+    must fit the pair's context window and the latency grid reaches its longest context and prompt
+    (`ProfileSettings.covering`)."""
     from autospec.serving.factory import (
         build_engine,
         check_workload_fits,

@@ -25,7 +25,8 @@ SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCaus
 
 def config_max_positions(cfg: dict) -> int | None:
     """The positions a model was trained for: a Hugging Face config.json's max_position_embeddings (a
-    multimodal config's `text_config`'s); None when it names no positive whole number."""
+    multimodal config's `text_config`'s); None when it names no positive whole number. (vLLM's
+    `served_max_model_len` reads the same key itself: importing this module would load torch there.)"""
     text = cfg.get("text_config")
     own = cfg.get("max_position_embeddings") or (text.get("max_position_embeddings")
                                                  if isinstance(text, dict) else None)

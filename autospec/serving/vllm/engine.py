@@ -126,9 +126,8 @@ def served_max_model_len(model_dir: Path, needed: int) -> int:
         cfg = {}
     if not isinstance(cfg, dict):
         cfg = {}
-    from autospec.engines.llama import config_max_positions  # lazily: torch, which `vllm_available` needs not
-
-    return max(config_max_positions(cfg) or DEFAULT_MAX_MODEL_LEN, int(needed))
+    own = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return max(int(own) if isinstance(own, int) and own > 0 else DEFAULT_MAX_MODEL_LEN, int(needed))
 
 
 def config_vocab_size(model_dir: Path) -> int:

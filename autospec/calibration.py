@@ -302,14 +302,21 @@ class PiecewiseRecord(BaseModel):
 
 
 class PrefillLine(BaseModel):
-    """Prefill seconds = per_token_s · (batch · tokens) + fixed_s."""
+    """Prefill seconds = per_token_s · Σ L + per_square_token_s · Σ L² + fixed_s over the prompts of
+    lengths L prefilled together: attention over a prompt grows with its length squared. The square
+    term is 0 while a line prices the profiled prefills well enough (fit._prefill_line), and in fits
+    written before it."""
 
     model_config = ConfigDict(extra="forbid")
     per_token_s: Seconds
     fixed_s: Seconds
+    per_square_token_s: Seconds = 0.0
 
-    def time(self, tokens: float) -> float:
-        return self.per_token_s * tokens + self.fixed_s if tokens > 0 else 0.0
+    def time(self, tokens: float, square_tokens: float = 0.0) -> float:
+        """Seconds to prefill prompts of `tokens` tokens in all and `square_tokens` = Σ L²."""
+        if tokens <= 0:
+            return 0.0
+        return self.per_token_s * tokens + self.per_square_token_s * square_tokens + self.fixed_s
 
 
 class CalibrationScore(BaseModel):

@@ -498,6 +498,14 @@ def _print_profile(result, out_dir: Path) -> None:
     out.print(f"profile written to {out_dir / 'profile'}")
 
 
+def _prefill_cell(models, name: str) -> str:
+    """A model's prefill fit in the `fit` table: its in-sample MAPE, and whether it needed the term in
+    prompt length squared (fit._prefill_line)."""
+    error = models.prefill_mape.get(name)
+    cell = "no fit (decode pass's cost)" if error is None else f"{error:.1%}"
+    return cell + (" (with L² term)" if models.prefill[name].per_square_token_s > 0 else "")
+
+
 def _bias_cell(bias: dict[int, float]) -> str:
     """A per-K signed error as one table cell: "K1 +12% · K2 −3%"."""
     return " · ".join(f"K{k} {v:+.0%}" for k, v in sorted(bias.items()))
@@ -543,6 +551,7 @@ def fit(
         table.add_row("target on the draft_model engine, bias by K", "", _bias_cell(models.drafting_target_bias))
     table.add_row("piecewise MAPE (FASER)", f"{models.piecewise_mape['draft']:.1%}",
                   f"{models.piecewise_mape['target']:.1%}")
+    table.add_row("prefill MAPE (in-sample)", *(_prefill_cell(models, name) for name in ("draft", "target")))
     for name in ("draft", "target"):
         c = getattr(models.linear, name)
         coeffs = f"{c.alpha:.3g} / {c.gamma:.3g} / {c.delta:.3g}"

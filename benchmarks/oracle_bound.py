@@ -76,8 +76,10 @@ def scale_draft(costs: SimCosts, factor: float) -> SimCosts:
         return None if m is None else LinearLatencyModel(scaled(m.draft), m.target)
 
     per_token, fixed = costs.prefill_draft
+    target_square, draft_square = costs.prefill_square
     return dataclasses.replace(costs, latency=model(costs.latency), clock=model(costs.clock),
-                               prefill_draft=(per_token * factor, fixed * factor))
+                               prefill_draft=(per_token * factor, fixed * factor),
+                               prefill_square=(target_square, draft_square * factor))
 
 
 def compare(base: SimEngine, trace: Trace, policies: Iterable[str], *, max_batch: int,

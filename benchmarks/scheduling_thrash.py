@@ -90,7 +90,8 @@ def engine_class(base_cls: type, cost: str) -> type:
             fresh_idx = [i for i in range(len(requests)) if i not in resumed]
             res_fresh = super().add([requests[i] for i in fresh_idx])
             priced = self.costs
-            self.costs = dataclasses.replace(priced, prefill_target=(0.0, 0.0), prefill_draft=(0.0, 0.0))
+            self.costs = dataclasses.replace(priced, prefill_target=(0.0, 0.0), prefill_draft=(0.0, 0.0),
+                                             prefill_square=(0.0, 0.0))
             try:
                 res_resumed = super().add([requests[i] for i in sorted(resumed)])
             finally:

@@ -26,14 +26,16 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                       multi: dict[str, float] | None = None,
                       alpha_decode: dict[str, float] | None = None,
                       alpha_ragged: dict[str, float] | None = None,
-                      step_passes: dict[int, float] | None = None) -> pd.DataFrame:
+                      step_passes: dict[int, float] | None = None,
+                      prefill_square: dict[str, float] | None = None) -> pd.DataFrame:
     """Decode and prefill rows from TRUE/PREFILL; `lam` adds λ·log2(batch·tokens) per model, `multi` μ
     to every pass over two or more tokens, and `alpha_decode` replaces α in passes of one token per
     row (the simulator's clock terms); `alpha_ragged` adds `decode_ragged` rows (one token per row,
     rows of unequal length, batch >= 2) that attend at it; `plain` = (α, γ, δ) adds a plain engine's
     target rows (`decode_plain`); `draft_round` = (α, γ, δ) adds a vLLM profile's draft `round` rows
     and the `step` rows (K passes + the round, K = 1, 2, 4) they are split from — `step_passes[K]` passes
-    worth instead of K (a draft step not linear in K)."""
+    worth instead of K (a draft step not linear in K). `prefill_square` adds c·tokens² per model to the
+    prefill rows (attention over the prompt), which then reach 1024 tokens."""
     rng = np.random.default_rng(seed)
     rows = []
     for model, (a, g, d) in TRUE.items():
@@ -73,9 +75,11 @@ def synthetic_latency(noise: float = 0.0, seed: int = 0, lam: dict[str, float] |
                                  "context": context, "sm_split": np.nan,
                                  "median_s": pa * batch * context + pg * batch + pd_, "mad_s": 0.0, "repeats": 5})
         per, fixed = PREFILL[model]
-        for tokens in (32, 128, 256):
+        square = (prefill_square or {}).get(model, 0.0)
+        for tokens in (32, 128, 256) + ((512, 1024) if prefill_square else ()):
             rows.append({"model": model, "phase": "prefill", "batch": 1, "tokens": tokens, "context": 0,
-                         "sm_split": np.nan, "median_s": per * tokens + fixed, "mad_s": 0.0, "repeats": 5})
+                         "sm_split": np.nan, "median_s": per * tokens + square * tokens ** 2 + fixed, "mad_s": 0.0,
+                         "repeats": 5})
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
 
 
@@ -105,12 +109,14 @@ def write_synthetic_run(root: Path, acceptance: pd.DataFrame | None = None, nois
                         engine: str = "torch", draft_round: tuple[float, float, float] | None = None,
                         multi: dict[str, float] | None = None, alpha_decode: dict[str, float] | None = None,
                         alpha_ragged: dict[str, float] | None = None,
-                        step_passes: dict[int, float] | None = None) -> Path:
+                        step_passes: dict[int, float] | None = None,
+                        prefill_square: dict[str, float] | None = None) -> Path:
     """A run directory with a synthetic profile; `engine` is the engine profile.json says it measured."""
     prof = root / "profile"
     write_parquet(prof / "latency.parquet", synthetic_latency(noise, lam=lam, plain=plain, draft_round=draft_round,
                                                               multi=multi, alpha_decode=alpha_decode,
-                                                              alpha_ragged=alpha_ragged, step_passes=step_passes))
+                                                              alpha_ragged=alpha_ragged, step_passes=step_passes,
+                                                              prefill_square=prefill_square))
     write_parquet(prof / "acceptance.parquet", synthetic_acceptance() if acceptance is None else acceptance)
     write_json(prof / "profile.json", {"settings": {"k_max": K_MAX}, "engine": engine})
     return root

@@ -170,6 +170,9 @@ class SimCosts:
     latency: LinearLatencyModel
     prefill_target: tuple[float, float]  # (per_token_s, fixed_s)
     prefill_draft: tuple[float, float]
+    # (target, draft) seconds per prompt token squared, per prompt (fit's per_square_token_s: attention
+    # over a long prompt); 0: the prefill lines alone
+    prefill_square: tuple[float, float] = (0.0, 0.0)
     clock: LinearLatencyModel | None = None
     # the target's clock in an engine serving without SD (fit's clock_plain; vLLM's plain engine)
     plain_target: LinearCoeffs | None = None
@@ -183,11 +186,12 @@ class SimCosts:
     # α·N_c + γ·N_b + δ over the requests that start a round; None: a round is its passes
     draft_round: LinearCoeffs | None = None
 
-    def prefill_time(self, tokens: int) -> float:
+    def prefill_time(self, tokens: int, square_tokens: int = 0) -> float:
+        """Both models' prefill of prompts of `tokens` tokens in all, Σ L² = `square_tokens`."""
         if tokens <= 0:
             return 0.0
-        (at, bt), (ad, bd) = self.prefill_target, self.prefill_draft
-        return max(0.0, at * tokens + bt) + max(0.0, ad * tokens + bd)
+        (at, bt), (ad, bd), (st, sd) = self.prefill_target, self.prefill_draft, self.prefill_square
+        return max(0.0, at * tokens + st * square_tokens + bt) + max(0.0, ad * tokens + sd * square_tokens + bd)
 
 
 class _TraceSlices(abc.Sequence):
@@ -392,7 +396,7 @@ class SimEngine:
             return PrefillResult([], [], [], 0.0)
         tr = self.traces
         ids, first, finished = [], [], []
-        prompt_tokens = longest = 0
+        prompt_tokens = square_tokens = longest = 0
         for r in requests:
             n_prompt = len(r.prompt)
             if n_prompt == 0:
@@ -413,16 +417,17 @@ class SimEngine:
             # a resumed request's prompt ends with the tokens it generated before its preemption: its
             # whole context is prefilled again (recompute, the one price of a preemption; module docstring)
             prompt_tokens += n_prompt
+            square_tokens += n_prompt * n_prompt
             longest = max(longest, n_prompt)
             ids.append(rid)
             first.append(tok)
             finished.append(req.finished)
         if self.padded_batches:  # one forward over the prompts padded to the longest
-            dt = self.costs.prefill_time(len(ids) * longest)
+            dt = self.costs.prefill_time(len(ids) * longest, len(ids) * longest * longest)
         elif not self.fused_prefill:
-            dt = self.costs.prefill_time(prompt_tokens)
+            dt = self.costs.prefill_time(prompt_tokens, square_tokens)
         else:
-            dt = self._fused_prefill_time(prompt_tokens, alone=len(self._reqs) == len(ids))
+            dt = self._fused_prefill_time(prompt_tokens, square_tokens, alone=len(self._reqs) == len(ids))
         self._clock += dt
         self.totals["prefill_s"] += dt
         if self._admission_rounds and self._speculative and not self._split_r:
@@ -447,14 +452,14 @@ class SimEngine:
         self._clock += dt
         self.totals["draft_s"] += dt
 
-    def _fused_prefill_time(self, tokens: int, alone: bool) -> float:
-        """A vLLM step's prefill cost: the prefill lines' per-token costs, their fixed costs too when no
-        request is running (`alone`: the step is a prefill-only step), the draft's only for an engine
-        that drafts (vLLM's plain engine has no draft model)."""
-        (at, bt), (ad, bd) = self.costs.prefill_target, self.costs.prefill_draft
-        dt = max(0.0, at) * tokens + (max(0.0, bt) if alone else 0.0)
+    def _fused_prefill_time(self, tokens: int, square_tokens: int, alone: bool) -> float:
+        """A vLLM step's prefill cost: the prefill lines' per-token (and per squared token) costs, their
+        fixed costs too when no request is running (`alone`: the step is a prefill-only step), the
+        draft's only for an engine that drafts (vLLM's plain engine has no draft model)."""
+        (at, bt), (ad, bd), (st, sd) = self.costs.prefill_target, self.costs.prefill_draft, self.costs.prefill_square
+        dt = max(0.0, at) * tokens + st * square_tokens + (max(0.0, bt) if alone else 0.0)
         if self._speculative:
-            dt += max(0.0, ad) * tokens + (max(0.0, bd) if alone else 0.0)
+            dt += max(0.0, ad) * tokens + sd * square_tokens + (max(0.0, bd) if alone else 0.0)
         return dt
 
     def remove(self, req_ids: Sequence[int]) -> None:
@@ -901,7 +906,7 @@ class SimEngine:
         c, k = np.asarray(contexts, np.int64), np.asarray(lengths, np.int64)
         drafted, rounds = int(k.sum()), int(k.max()) if len(k) else 0
         per_pass = passes_of(c, k, rounds)
-        tokens = int(sum(prompts))
+        tokens, square_tokens = int(sum(prompts)), int(sum(p * p for p in prompts))
         saved = self._joining
         proposing = bool(prompts) and self._admission_rounds and self._speculative
         self._joining = (len(prompts), tokens + len(prompts)) if proposing else None
@@ -910,10 +915,11 @@ class SimEngine:
                      if rounds else 0.0)
         finally:
             self._joining = saved
-        (at, _), (ad, _) = self.costs.prefill_target, self.costs.prefill_draft
+        (at, _), (ad, _), (st, sd) = self.costs.prefill_target, self.costs.prefill_draft, self.costs.prefill_square
         if self._speculative:
-            draft += max(0.0, ad) * tokens
-        target = self._target_pass_s(int(c.sum()), drafted + len(c), drafted == 0) + max(0.0, at) * tokens
+            draft += max(0.0, ad) * tokens + sd * square_tokens
+        target = (self._target_pass_s(int(c.sum()), drafted + len(c), drafted == 0)
+                  + max(0.0, at) * tokens + st * square_tokens)
         return draft, target
 
     def _target_pass_s(self, context: int, tokens: int, decode: bool, one_length: bool = True) -> float:

@@ -112,11 +112,12 @@ class SimBatch:
         self.total_context += tokens + m
         e._next_id += m  # the engine's ids stay those the per-request path would have given
         if e.padded_batches:
-            dt = e.costs.prefill_time(m * int(prompt.max()))
+            longest = int(prompt.max())
+            dt = e.costs.prefill_time(m * longest, m * longest * longest)
         elif not e.fused_prefill:
-            dt = e.costs.prefill_time(tokens)
+            dt = e.costs.prefill_time(tokens, int((prompt * prompt).sum()))
         else:
-            dt = e._fused_prefill_time(tokens, alone=alone)
+            dt = e._fused_prefill_time(tokens, int((prompt * prompt).sum()), alone=alone)
         e._clock += dt
         e.totals["prefill_s"] += dt
         if e._admission_rounds and e._speculative:

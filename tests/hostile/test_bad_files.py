@@ -110,6 +110,7 @@ def _models(key: str, value) -> Callable[[dict], None]:
     ("clock.target.delta", 1e308, "less than or equal"),
     ("prefill.target", KeyError, "prefill"),
     ("prefill.target.fixed_s", -5.0, "prefill.target.fixed_s"),
+    ("prefill.draft.per_square_token_s", -1e-9, "prefill.draft.per_square_token_s"),
     ("k_max", "8", "k_max"),
     ("per_position_acceptance.code", [1.5, 0.5], "per_position_acceptance"),
     ("sps.values", [], "sps"),

@@ -51,7 +51,8 @@ def run(tmp_path_factory):
 
 
 def _engine(base: FittedSimEngine, layout: str, temperature: float) -> SimEngine:
-    costs = base.costs
+    # every prompt's attention over itself priced too (fit's prefill term in L²)
+    costs = dataclasses.replace(base.costs, prefill_square=(2e-8, 3e-9))
     if layout == "packed-round":  # vLLM's structure: fused prefill, a drafting round's own cost, each draft
         # pass weighed by its place in the round, SD's target passes on their own clock, and the drafter
         # proposing for requests in the step that prefills them (sim.SimEngine._admitted)

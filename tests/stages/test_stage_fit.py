@@ -273,3 +273,23 @@ def test_load_fit_refuses_bad_models_json(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(InputError, match="linear"):
         load_fit(run)
+
+
+PREFILL_SQUARE = {"target": 2e-8, "draft": 3e-9}  # seconds per prompt token², per prompt
+
+
+def test_prefill_gets_a_square_term_only_when_a_line_misses_the_profiled_prompts(tmp_path):
+    """Attention over a prompt grows with its length squared: when the prefill rows bend (here out to
+    1024 tokens) the fit adds a per-prompt term in L² and prices every row; on rows a line prices it
+    stays a line (no third coefficient chasing noise)."""
+    curved = fit_profile(write_synthetic_run(tmp_path / "curved", prefill_square=PREFILL_SQUARE))
+    for name, square in PREFILL_SQUARE.items():
+        line = curved.prefill[name]
+        per, fixed = PREFILL[name]
+        assert line.per_square_token_s == pytest.approx(square, rel=1e-3)
+        assert line.per_token_s == pytest.approx(per, rel=1e-3) and line.fixed_s == pytest.approx(fixed, rel=1e-3)
+        assert curved.prefill_mape[name] < 1e-6
+        # a batch of 3 prompts of 600: 3·600 tokens, each prompt's attention 600²
+        assert line.time(1800, 3 * 600 ** 2) == pytest.approx(1800 * per + 3 * 600 ** 2 * square + fixed)
+    straight = fit_profile(write_synthetic_run(tmp_path / "straight"))
+    assert all(straight.prefill[name].per_square_token_s == 0.0 for name in PREFILL)

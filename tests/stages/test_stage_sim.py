@@ -251,13 +251,13 @@ def test_on_vllm_a_request_drafts_in_the_step_that_prefills_it(tmp_path):
     sim = SimEngine.from_dirs(run)
     t0 = sim.now()
     first = sim.add([GenRequest(range(100), 50)]).req_ids  # alone, and no step has drafted yet
-    assert sim.now() - t0 == pytest.approx(sim._fused_prefill_time(100, alone=True), rel=1e-12)
+    assert sim.now() - t0 == pytest.approx(sim._fused_prefill_time(100, 100 ** 2, alone=True), rel=1e-12)
     sim.draft_rounds(first, [2])
     sim.verify({first[0]: 2})  # a step of K = 2; the request's context is now 101 + committed
     running = sim._reqs[first[0]].context
     t1 = sim.now()
     joined = sim.add([GenRequest(range(60), 50)]).req_ids  # into the running request's step
-    assert sim.now() - t1 == pytest.approx(sim._fused_prefill_time(60, alone=False), rel=1e-12)
+    assert sim.now() - t1 == pytest.approx(sim._fused_prefill_time(60, 60 ** 2, alone=False), rel=1e-12)
     t2 = sim.now()
     sim.draft_rounds(first, [2])
     pass_0 = 1.3 * (a * running + g + d)  # the running row; the new one's pass 0 is its prompt
@@ -269,7 +269,7 @@ def test_on_vllm_a_request_drafts_in_the_step_that_prefills_it(tmp_path):
     t3 = sim.now()
     sim.add([GenRequest(range(40), 50)])  # alone: the proposal at the last step's K = 2
     proposal = 0.7 * (a * 42 + g + d) + ra * 41 + rg + rd
-    assert sim.now() - t3 == pytest.approx(sim._fused_prefill_time(40, alone=True) + proposal, rel=1e-9)
+    assert sim.now() - t3 == pytest.approx(sim._fused_prefill_time(40, 40 ** 2, alone=True) + proposal, rel=1e-9)
 
     plain = SimEngine.from_dirs(run)  # no SD: no drafter to propose
     plain.set_speculative(False)
@@ -277,7 +277,7 @@ def test_on_vllm_a_request_drafts_in_the_step_that_prefills_it(tmp_path):
     plain.verify({ids[0]: 0})
     t4 = plain.now()
     plain.add([GenRequest(range(60), 50)])
-    assert plain.now() - t4 == pytest.approx(plain._fused_prefill_time(60, alone=False), rel=1e-12)
+    assert plain.now() - t4 == pytest.approx(plain._fused_prefill_time(60, 60 ** 2, alone=False), rel=1e-12)
     assert plain._joining is None
 
     torch_sim = SimEngine.from_dirs(write_synthetic_run(tmp_path / "torch"))  # the torch engine drafts next step
@@ -429,6 +429,21 @@ def test_a_vllm_profile_replays_with_prefills_inside_the_running_requests_step(t
     assert 1 in step["req_ids"]  # the torch loop: prefill, then the new request decodes in this step
     assert step["prefill_s"] == pytest.approx(60 * per_token + fixed)
     assert req.loc[1, "first_token_s"] < step["end_s"]
+
+
+def test_a_curved_prefill_fit_prices_each_prompts_attention_over_itself(tmp_path):
+    """With the fit's term in L² (attention over a long prompt), the torch engine's padded admission of
+    prompts of 300 and 500 tokens costs two prompts of 500: 1000 tokens and 2·500²; vLLM's packed one
+    costs 800 tokens and 300² + 500² — per model, the draft's too."""
+    square = {"target": 2e-8, "draft": 3e-9}
+    for engine, tokens, squares in (("torch", 1000, 2 * 500 ** 2), ("vllm", 800, 300 ** 2 + 500 ** 2)):
+        run = write_synthetic_run(tmp_path / engine, engine=engine, prefill_square=square)
+        write_fit(run, fit_profile(run))
+        sim = SimEngine.from_dirs(run)
+        t0 = sim.now()
+        sim.add([GenRequest(range(300), 8), GenRequest(range(500), 8)])
+        expected = sum(PREFILL[m][0] * tokens + square[m] * squares + PREFILL[m][1] for m in square)
+        assert sim.now() - t0 == pytest.approx(expected, rel=1e-4), engine
 
 
 def test_a_vllm_profiles_no_sd_replay_prefills_no_draft(tmp_path):

@@ -149,3 +149,43 @@ def _converges(seed: int, steps: int = 50) -> bool:
 def test_finds_argmin_of_noisy_cost_within_50_observations():
     found = sum(_converges(seed) for seed in range(10))
     assert found >= 9, found
+
+
+def test_posterior_over_repeated_draft_lengths_is_the_full_window_regression():
+    """The posterior groups the window's observations by s (n at one s ≡ their mean with noise σ²/n):
+    it must give what exact GP regression on all W points gives — scikit-learn's GaussianProcessRegressor
+    with the same fixed kernel and noise on the standardized window — at integer and non-integer s."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+
+    rng = np.random.default_rng(5)
+    gp = GpLcbLength(window=64)
+    drafted = rng.choice([1, 2, 2, 3, 5, 8], size=64)
+    costs = 0.02 + 0.004 * drafted + rng.normal(0, 0.003, 64)
+    for s, j in zip(drafted, costs):
+        gp.record((8, None), int(s), float(j))
+    p = gp.params
+    kernel = ConstantKernel(p.signal_variance, "fixed") * Matern(p.lengthscale, "fixed", nu=2.5)
+    full = GaussianProcessRegressor(kernel, alpha=p.noise_variance, optimizer=None, normalize_y=False)
+    mean, sd = costs.mean(), costs.std()
+    full.fit(drafted[:, None].astype(float), (costs - mean) / sd)
+    for query in (np.arange(1, 9), np.array([1.5, 4.25, 7.0])):
+        mu, std = gp.posterior((8, None), query)
+        want_mu, want_std = full.predict(query[:, None].astype(float), return_std=True)
+        assert mu == pytest.approx(mean + sd * want_mu, rel=1e-9, abs=1e-12)
+        assert std == pytest.approx(sd * want_std, rel=1e-7, abs=1e-12)
+
+
+def test_observed_step_time_is_the_least_squares_line_clamped_at_a_flat_slope():
+    gp = GpLcbLength()
+    rng = np.random.default_rng(2)
+    drafted = rng.integers(1, 9, 40)
+    times = 0.01 + 0.002 * drafted + rng.normal(0, 0.001, 40)
+    for s, t in zip(drafted, times):
+        gp.record_time((2, None), int(s), float(t))
+    slope, intercept = np.polyfit(drafted.astype(float), times, 1)
+    assert gp.observed_step_time((2, None), [1, 4, 8]) == pytest.approx(intercept + slope * np.array([1, 4, 8]))
+    falling = GpLcbLength()
+    for s, t in ((1, 0.03), (2, 0.02), (3, 0.01)):
+        falling.record_time((2, None), s, t)
+    assert falling.observed_step_time((2, None), [1, 3]) == pytest.approx([0.02, 0.02])  # the window's mean

@@ -87,7 +87,7 @@ from autospec.serving.coverage import ProfiledGrid
 HOLDOUT = 0.2  # fraction of profile points held out for MAPE / ECE
 # [chosen] a prefill line is kept while its in-sample MAPE over the profile's prefill rows is at most 5%
 # (inside the decode clocks' held-out MAPE on the CI VM, 1.9-11.3%); past it the fit adds a term in L²
-# (_prefill_line). Every committed profile's prefill line (the CI profile's, the vLLM fidelity runs') is within it.
+# (_prefill_line). The CI profile's and the vLLM fidelity runs' prefill lines are within it (docs/architecture.md).
 PREFILL_LINE_MAPE = 0.05
 NOMINAL_SPLIT = 0.5  # r used for rows without an SM split: any constant r gives a one-segment fit
 

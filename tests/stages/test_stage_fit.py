@@ -293,3 +293,9 @@ def test_prefill_gets_a_square_term_only_when_a_line_misses_the_profiled_prompts
         assert line.time(1800, 3 * 600 ** 2) == pytest.approx(1800 * per + 3 * 600 ** 2 * square + fixed)
     straight = fit_profile(write_synthetic_run(tmp_path / "straight"))
     assert all(straight.prefill[name].per_square_token_s == 0.0 for name in PREFILL)
+    # `autospec fit` says which fit each model's prefill took
+    for name, with_term in (("curved", True), ("straight", False)):
+        res = runner.invoke(app, ["fit", str(tmp_path / name)], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        assert res.exit_code == 0, res.output
+        assert "prefill MAPE (in-sample)" in res.output
+        assert ("(with L² term)" in res.output) is with_term

@@ -752,7 +752,10 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
                 trial.set_user_attr(key, float(value))
         attainment = metrics["slo_attainment"] or 0.0
         trial.set_user_attr("constraint", [spec.min_attainment - attainment])
-        trial.set_constraint("slo_attainment", spec.min_attainment - attainment)
+        if spec.objective != "capacity":
+            # TPE counts a trial feasible only when every constraint set on it is ≤ 0: under capacity
+            # the one constraint is whether some load meets the target, not this load's attainment
+            trial.set_constraint("slo_attainment", spec.min_attainment - attainment)
         if spec.objective == "multi":
             return float(metrics["throughput_tok_s"] or 0.0), float(metrics["tpot_p99"] or math.inf)
         if spec.objective == "capacity":

@@ -387,3 +387,25 @@ def test_when_no_trial_meets_the_slo_the_closest_is_best_and_one_line_says_so(tm
     line = none_feasible(short, goodput, "tuned-s0")
     assert line.endswith("at the workload's rate; the closest, tuned-s0 (trial -1), reached 60.0% SLO attainment")
     assert "capacity" not in line and "any load" not in line
+
+
+def test_under_capacity_tpe_reads_a_trial_feasible_exactly_when_the_tuner_does(setup, tmp_path):
+    """TPE counts a trial feasible only when every constraint set on it is ≤ 0. Under the capacity
+    objective a strategy is feasible when some load meets the target; the workload's own rate here is
+    past what static-k2 keeps at this SLO (attainment well under 0.9 there) while a lower load meets it, so a
+    constraint on the own rate's attainment would make TPE search for that instead of capacity."""
+    import autospec.tune as tune_module
+
+    run, workload = setup
+    spec = tune_module.TuneSpec(workload=workload, profile=run, trials=4, strategies=FEW.split(","),
+                                scope="all", slo={"ttft_s": 0.5, "tpot_s": 0.02})
+    tune_module.run_tune(spec, tmp_path / "run")
+    trials = study_of(tmp_path / "run").get_trials(deepcopy=False)
+    assert len(trials) == 4
+    for trial in trials:
+        tpe_feasible = sum(max(v, 0.0) for v in trial.constraints.values()) <= 0
+        assert set(trial.constraints) == {"capacity"}
+        assert tpe_feasible == (trial.user_attrs["capacity_scale"] > 0)
+    # the case that tells them apart is in the study: feasible by capacity, short of the target at 1x
+    assert any(t.user_attrs["capacity_scale"] > 0 and t.user_attrs["slo_attainment"] < spec.min_attainment
+               for t in trials)

@@ -63,6 +63,11 @@ ended, this process fails and requeues such trials and runs what is left of `tri
 N > 1 the trials run in a nondeterministic order, so the study (and possibly its winner) differs from
 --jobs 1's, which stays seeded and reproducible.
 
+A strategy drawn again (TPE re-draws a parameterless candidate such as no-sd, and the swept static Ks)
+is not replayed again: a trial's replay is seeded and the simulator deterministic, so the trial takes the
+numbers of the completed trial that ran it (`repeat_of`; `same_as` in trials.parquet names that trial).
+It still counts towards `trials`.
+
 `time_budget_s` (`--time-budget`) stops starting trials once that much search time is spent;
 summary.json's `run` says how many trials this invocation ran and whether the budget cut it short (a
 re-run continues the study towards `trials`).
@@ -744,6 +749,9 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
         trial.set_user_attr("worker", WORKER)  # which `autospec tune` process ran it (scale-out runs)
         strategy = sample_strategy(trial, specs, sm_axis)
         trial.set_user_attr("spec", strategy.model_dump(mode="json"))
+        earlier = earlier_run_of(trial.study, trial.user_attrs["spec"])
+        if earlier is not None:
+            return repeat_of(trial, earlier, spec)
         hook = GoodputSoFar(trial, replay) if spec.objective == "goodput" and spec.prune else None
         metrics, records = run_trial(spec, replay, strategy, on_finish=hook)
         for key in HEADLINE:
@@ -775,6 +783,32 @@ def make_objective(spec: TuneSpec, specs: dict[str, StrategySpec], replay: Repla
         return float(metrics["goodput"] or 0.0)
 
     return objective
+
+
+def earlier_run_of(study, strategy: dict[str, Any]):
+    """A completed trial of the study that ran exactly this strategy (its `spec` attribute), or None.
+    A trial's replay is seeded and the simulator deterministic, so running it again repeats its numbers;
+    TPE draws a parameterless candidate (no-sd) and the swept static Ks again and again, and under the
+    capacity objective each of those draws cost a whole capacity search."""
+    from optuna.trial import TrialState
+
+    for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if done.user_attrs.get("spec") == strategy:
+            return done
+    return None
+
+
+def repeat_of(trial, earlier, spec: TuneSpec) -> float | tuple[float, ...]:
+    """Score `trial` with the numbers `earlier` measured for the same strategy, without a replay: its
+    metrics and constraint are copied and `same_as` names the trial that ran it. The trial still counts
+    towards `trials` (a study whose space holds fewer strategies than `trials` must still end)."""
+    for key, value in earlier.user_attrs.items():
+        if key not in ("worker", "spec"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("same_as", earlier.user_attrs.get("same_as", earlier.number))
+    for key, value in earlier.constraints.items():
+        trial.set_constraint(key, value)
+    return tuple(earlier.values) if spec.objective == "multi" else float(earlier.value)
 
 
 def _undeployable(spec: TuneSpec, k_max: int) -> Callable[[StrategySpec], str | None]:

@@ -389,6 +389,46 @@ def test_when_no_trial_meets_the_slo_the_closest_is_best_and_one_line_says_so(tm
     assert "capacity" not in line and "any load" not in line
 
 
+def test_a_strategy_drawn_again_takes_its_earlier_trials_numbers_without_a_replay(setup, tmp_path, monkeypatch):
+    """no-sd and static-k4's eight Ks are nine strategies: the three trials past them can only draw one of
+    them again. Those are scored from the trial that ran it (`same_as`), with no replay, and the numbers
+    are the ones a fresh capacity search of that strategy finds (the replay is seeded and deterministic)."""
+    import autospec.tune as tune_module
+    from autospec.serving.capacity import CapacitySpec, replay_capacity
+
+    run, workload = setup
+    replayed: list[str] = []
+    real_run_trial = tune_module.run_trial
+
+    def counted(spec, replay, strategy, on_finish=None):
+        replayed.append(strategy.name)
+        return real_run_trial(spec, replay, strategy, on_finish=on_finish)
+
+    monkeypatch.setattr(tune_module, "run_trial", counted)
+    spec = tune_module.TuneSpec(workload=workload, profile=run, trials=12, strategies=["no-sd", "static-k4"],
+                                slo={"ttft_s": 0.5, "tpot_s": 0.02})
+    summary = tune_module.run_tune(spec, tmp_path / "run")
+    assert summary["run"]["trials_total"] == 12
+    assert sorted(replayed) == sorted(["no-sd"] + [f"static-k{k}" for k in range(1, 9)])  # each strategy once
+
+    trials = study_of(tmp_path / "run").get_trials(deepcopy=False)
+    repeats = [t for t in trials if "same_as" in t.user_attrs]
+    assert len(repeats) == 3 and all(t.number >= 9 for t in repeats)
+    replay = tune_module.open_replay(spec)
+    for repeat in repeats:
+        first = trials[repeat.user_attrs["same_as"]]
+        assert "same_as" not in first.user_attrs and first.user_attrs["spec"] == repeat.user_attrs["spec"]
+        assert repeat.value == first.value
+        assert repeat.constraints == first.constraints
+        for key in ("constraint", "capacity_rps", "slo_attainment", "tpot_mean"):
+            assert repeat.user_attrs.get(key) == first.user_attrs.get(key), key
+        strategy = StrategySpec.model_validate(repeat.user_attrs["spec"])
+        fresh = replay_capacity(replay, strategy, spec.seed, CapacitySpec(target=spec.min_attainment))
+        assert repeat.value == pytest.approx(float(fresh.rps or 0.0), rel=1e-12)
+    frame = pd.read_parquet(tmp_path / "run" / "tune" / "trials.parquet")
+    assert frame["user_attrs_same_as"].notna().sum() == 3
+
+
 def test_under_capacity_tpe_reads_a_trial_feasible_exactly_when_the_tuner_does(setup, tmp_path):
     """TPE counts a trial feasible only when every constraint set on it is ≤ 0. Under the capacity
     objective a strategy is feasible when some load meets the target; the workload's own rate here is

@@ -11,7 +11,7 @@ Inputs (baseline and candidate must be the same kind):
   (`benchmarks/results/*.json`). Entries are the elements of `rows`, each named by its identity fields
   (its string/int/bool fields that are not metrics: `batch=1 k=4`, `strategy=adaspec batch=64`); a
   benchmark without `rows` is one entry named after the benchmark. Metrics are the row's numeric fields
-  that `METRICS` lists (or `err_*`: lower is better; `torch_*`/`sim_*`: as the rest of the name); they
+  that `METRICS` lists (or `err_*`: lower is better; `torch_*`/`vllm_*`/`sim_*`: as the rest of the name); they
   have no CI, so only the noise floor applies. Default metrics: every listed metric both files carry.
   `schema_version` is checked when the file has one (older benchmark scripts wrote none).
 
@@ -85,6 +85,7 @@ METRICS: dict[str, Direction] = {
     "speedup_batch1": "higher", "decode_speedup_batch1": "higher",
     "us_per_decision": "lower", "ratio_to_verify_step": "lower",
     "wall_s": "lower", "steps_per_wall_s": "higher", "request_steps_per_wall_s": "higher",
+    "capacity_vs_best_static": "higher", "rank_agreement": "higher",  # benchmarks/verdict.py
 }
 DEFAULT_SUMMARY_METRIC = "capacity_rps"
 FALLBACK_SUMMARY_METRIC = "goodput"  # when either summary has no capacity (a real engine's evaluation)
@@ -101,7 +102,7 @@ def metric_direction(name: str) -> Direction | None:
         return METRICS[name]
     if name.startswith("err_"):
         return "lower"
-    for prefix in ("torch_", "sim_"):
+    for prefix in ("torch_", "vllm_", "sim_"):
         if name.startswith(prefix) and name[len(prefix):] in METRICS:
             return METRICS[name[len(prefix):]]
     return None

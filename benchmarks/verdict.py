@@ -39,6 +39,10 @@ Per workload:
    (`sim_steps`, `real_steps`). `tpot_speedup`: the engine's mean TPOT of no-SD over
    that of the best static K and of tuned, at the capacity point (at half in the details).
 
+`rows` hold the headline figures per trace (default, heldout) and role (no-sd, best_static, tuned, and
+the agreement figures) as `autospec gate` reads a benchmark: `autospec gate --baseline
+benchmarks/results/verdict.json --candidate NEW.json` says which of them a change made worse (`gate_rows`).
+
 A held-out real trace — the Azure 2023 code trace in ../shared/data (its 40th–45th minute; the bundled
 `azure-code-cpu` workload uses minutes 30–35, and the embedded default is synthetic) — gets the same
 figures with the profile of the default run (same pair, same host; a fresh one with `--default-from`),
@@ -676,6 +680,25 @@ def heldout_config(base: dict[str, Any], workload: Path, default_run: Path | Non
     return config
 
 
+def gate_rows(judged: dict[str, Any], trace: str, engine: str) -> list[dict[str, Any]]:
+    """The figures of one judged trace as rows `autospec gate` compares (`benchmark` "verdict"): one row
+    per role (no-sd, best_static, tuned) with its capacity on the simulator and the real engine and its
+    TPOT speed-up over no-SD there, and one row of the agreement figures. Rows are named by trace and
+    role only: which static K is best may change between two verdicts, and the gate compares roles."""
+    rows: list[dict[str, Any]] = []
+    for role, capacity in judged["capacity_rps"].items():
+        row = {"trace": trace, "role": role, "sim_capacity_rps": capacity["sim"],
+               f"{engine}_capacity_rps": capacity["real"]}
+        if role in judged["tpot_speedup"]:
+            row[f"{engine}_tpot_speedup_vs_no_sd"] = judged["tpot_speedup"][role]
+        rows.append(row)
+    rows.append({"trace": trace, "role": "agreement",
+                 f"{engine}_capacity_vs_best_static": judged["capacity_vs_best_static"],
+                 "err_sim_real_tpot_max": judged["sim_real_tpot_err_max"],
+                 "rank_agreement": judged["rank_agreement"]})
+    return rows
+
+
 def goals_of(figures: dict[str, Any]) -> dict[str, Any]:
     def met(value: float | None, goal: float, higher: bool) -> bool | None:
         return None if value is None else (value >= goal if higher else value <= goal)
@@ -745,10 +768,13 @@ def main(out: Optional[Path] = typer.Option(None, "--out", help="where the JSON 
             """The result as it stands (written once the default is judged, again with the held-out
             trace: its real-time replays take the longest, and a stopped run keeps the default's)."""
             wall["total"] = round(time.perf_counter() - t0, 1)
-            result = {"schema_version": SCHEMA_VERSION, "quick": quick, "goals": GOALS,
+            result = {"schema_version": SCHEMA_VERSION, "benchmark": "verdict", "quick": quick, "goals": GOALS,
                       **{k: default[k] for k in ("capacity_rps", "tpot_speedup", "sim_real_tpot_err_max",
                                                  "rank_agreement")},
-                      "goals_met": goals_of(default), "default": default, "heldout": held, "heldout_status": status,
+                      "goals_met": goals_of(default),
+                      "rows": gate_rows(default, "default", engine) + (gate_rows(held, "heldout", engine) if held
+                                                                        else []),
+                      "default": default, "heldout": held, "heldout_status": status,
                       "settings": {"window_requests": window, "repeats": repeats, "seed": seed, "target": TARGET,
                                    "real_rel_tol": REAL_REL_TOL, "real_engine": f"{engine}, bundled pair, cpu",
                                    "run": base},

@@ -249,6 +249,7 @@ def test_quick_run_writes_the_verdict_figures_and_a_kept_run_resumes_its_real_ce
     assert data["tpot_speedup"]["best_static"] == pytest.approx(
         point / default["tpot_mean_s"][default["best_static"]]["capacity_point"]["real"]["mean"])
     assert data["goals_met"] == verdict.goals_of(default)
+    assert data["benchmark"] == "verdict" and data["rows"] == verdict.gate_rows(default, "default", "torch")
     headroom = default["schedule_headroom"]
     assert headroom["max_gain"] >= 1.0 and set(headroom["per_batch"]) <= {"1", "2", "4", "8"}
     assert data["heldout"] is None and "skipped" in data["heldout_status"]
@@ -346,3 +347,33 @@ def test_an_earlier_verdict_of_other_settings_or_another_run_is_refused(tmp_path
     path.write_text(json.dumps(earlier))
     with pytest.raises(InputError, match="judged on another run"):
         verdict.earlier_default(path, run, 60, 3, 0, False)
+
+
+@pytest.mark.parametrize("name, engine", [("verdict.json", "torch"), ("verdict_vllm.json", "vllm")])
+def test_autospec_gate_compares_two_verdicts_by_trace_and_role(tmp_path, name, engine):
+    """The committed verdict is a benchmark result the gate reads: against itself it passes; a candidate
+    whose tuned configuration lost a fifth of its real capacity, or whose simulator drifted to twice the
+    TPOT error, fails, naming the row; the rows are what `gate_rows` makes of the judged figures."""
+    committed = REPO / "benchmarks" / "results" / name
+    data = json.loads(committed.read_text())
+    expected = verdict.gate_rows(data["default"], "default", engine)
+    if data["heldout"]:
+        expected += verdict.gate_rows(data["heldout"], "heldout", engine)
+    assert data["benchmark"] == "verdict" and data["rows"] == expected
+
+    def gate(candidate: dict) -> subprocess.CompletedProcess:
+        path = tmp_path / "candidate.json"
+        path.write_text(json.dumps(candidate))
+        return subprocess.run([sys.executable, "-m", "autospec", "gate", "--baseline", str(committed),
+                               "--candidate", str(path)], capture_output=True, text=True, timeout=120)
+
+    same = gate(data)
+    assert same.returncode == 0, same.stdout + same.stderr
+    for role, key, factor in (("tuned", f"{engine}_capacity_rps", 0.8),
+                              ("agreement", "err_sim_real_tpot_max", 2.0)):
+        worse = json.loads(json.dumps(data))
+        row = next(r for r in worse["rows"] if r["trace"] == "default" and r["role"] == role)
+        row[key] *= factor
+        res = gate(worse)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"trace=default role={role}" in res.stdout and key in res.stdout

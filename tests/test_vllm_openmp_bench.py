@@ -127,7 +127,9 @@ def test_a_tiny_profile_started_on_intel_openmp_runs_on_it(tmp_path):
     rows, worker = run_profile("intel", "auto", "tiny", tmp_path / "intel")
     assert worker["openmp"] == "intel" and str(intel_openmp_library()) in worker["ld_preload"]
     assert worker["omp_threads"] >= 1 and worker["wall_s"] > 0
-    assert rows.index.names == ROW_KEYS and (rows > 0).all()
+    assert rows.index.names == ROW_KEYS and (rows >= 0).all()
+    # a draft round row may be 0 (its line over K through the origin, latency_profile.draft_line); all else timed
+    assert (rows[rows.index.get_level_values("phase") != "round"] > 0).all()
     phases = {f"{model}/{phase}" for model, phase in zip(rows.index.get_level_values("model"),
                                                          rows.index.get_level_values("phase"))}
     assert {"target/decode", "target/decode_plain", "draft/step"} <= phases

@@ -27,7 +27,6 @@ that dominates the standardized window; ε = 1 makes J exactly the time per comm
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
@@ -52,6 +51,39 @@ class GpLcbParams(PolicyParams):
     sm_pool: list[float] = Field(default_factory=list)  # r values to choose from; [] = ctx.sm_split
 
 
+class SlidingWindow:
+    """The last `size` (s, value) pairs of one context, oldest first, read as numpy arrays without a copy.
+
+    The drafter reads its windows every step, so they are kept as arrays rather than rebuilt from a
+    deque of tuples each time. Each pair is written twice, at i and i + size of a 2·size buffer, so the
+    window is always one contiguous slice, oldest first (the order matters: sums over the window then
+    add the same floats in the same order as a list of the pairs would)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.count = 0  # pairs appended so far (the window holds the last min(count, size))
+        self._s = np.zeros(2 * size, np.int64)
+        self._v = np.zeros(2 * size, float)
+
+    def append(self, s: int, value: float) -> None:
+        i = self.count % self.size
+        self._s[i] = self._s[i + self.size] = s
+        self._v[i] = self._v[i + self.size] = value
+        self.count += 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(s, value) of the window, oldest first: views into the buffer (not to be written), valid until the
+        next append."""
+        if self.count <= self.size:
+            return self._s[:self.count], self._v[:self.count]
+        start = self.count % self.size
+        return self._s[start:start + self.size], self._v[start:start + self.size]
+
+    def pairs(self) -> list[tuple[int, float]]:
+        s, v = self.arrays()
+        return list(zip(s.tolist(), v.tolist()))
+
+
 def batch_bucket(batch_size: int) -> int:
     """Batch-size bucket: the smallest power of two >= b [chosen]."""
     return 1 << max(0, math.ceil(math.log2(max(batch_size, 1))))
@@ -66,9 +98,21 @@ def per_request_gain(p, s: int):
     """s·â_i(s): expected accepted tokens of s drafts when each position is accepted with p given its
     prefix was (Σ_{j<=s} p^j). â_i is s-dependent through this geometric model [chosen]; a constant
     â_i would make Eq. 2 always pick the longest candidate. `p` may be an array (one per request)."""
-    p = np.asarray(p, float)
-    out = sum(p ** j for j in range(1, s + 1))
+    out = per_request_gains(p, [s])[..., 0]
     return float(out) if out.ndim == 0 else out
+
+
+def per_request_gains(p, lengths: Sequence[int]) -> np.ndarray:
+    """`per_request_gain` at each of `lengths` (ascending), stacked on a last axis: one pass of partial
+    sums Σ_{j<=s} p^j for all of them."""
+    p = np.asarray(p, float)
+    wanted = set(lengths)
+    columns, partial = [], 0
+    for j in range(1, max(lengths, default=0) + 1):
+        partial = partial + p ** j
+        if j in wanted:
+            columns.append(partial)
+    return np.stack([np.asarray(c, float) for c in columns], axis=-1) if columns else np.zeros(p.shape + (0,))
 
 
 @register_length("gp-lcb")
@@ -82,10 +126,9 @@ class GpLcbLength(TargetLengthPolicy):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self._windows: dict[ContextKey, deque[tuple[int, float]]] = {}
-        self._counts: dict[ContextKey, int] = {}
+        self._windows: dict[ContextKey, SlidingWindow] = {}  # (s_n, J̃) per context (Eq. 4)
         self._accept: dict[int, float] = {}  # req_id -> EWMA of per-position acceptance
-        self._times: dict[ContextKey, deque[tuple[int, float]]] = {}  # (s_n, T_obs) per context: T̂(s; b, r)
+        self._times: dict[ContextKey, SlidingWindow] = {}  # (s_n, T_obs) per context: T̂(s; b, r)
         self._last: tuple[ContextKey, int] | None = None  # (context, s_n) of the step in flight
         self._step_split: float | None = None  # the r chosen for the step in flight (a pool), else None
         self._gp_kernel: Any = None
@@ -93,32 +136,42 @@ class GpLcbLength(TargetLengthPolicy):
     # --- the GP -----------------------------------------------------------------------------------
 
     def observations(self, key: ContextKey) -> list[tuple[int, float]]:
-        return list(self._windows.get(key, ()))
+        window = self._windows.get(key)
+        return window.pairs() if window is not None else []
 
     def record(self, key: ContextKey, s: int, cost: float) -> None:
         """Add one (s, J̃) observation to a context's window (Eq. 4)."""
-        self._windows.setdefault(key, deque(maxlen=self.params.window)).append((int(s), float(cost)))
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self._window(self._windows, key).append(int(s), float(cost))
 
     def record_time(self, key: ContextKey, s: int, t_obs: float) -> None:
         """Add one observed step time at s_n to a context's window of times (T̂ of Eq. 2)."""
-        self._times.setdefault(key, deque(maxlen=self.params.window)).append((int(s), float(t_obs)))
+        self._window(self._times, key).append(int(s), float(t_obs))
+
+    def _window(self, windows: dict[ContextKey, SlidingWindow], key: ContextKey) -> SlidingWindow:
+        window = windows.get(key)
+        if window is None:
+            window = windows[key] = SlidingWindow(self.params.window)
+        return window
 
     def observed_step_time(self, key: ContextKey, s_values: Any) -> np.ndarray | None:
         """T̂(s; b, r) at s_values from the context's observed step times (module docstring): the
         least-squares line through its (s_n, T_obs) pairs, slope clamped at ≥ 0 [chosen: a step cannot
         get faster by drafting more]; None while the window holds fewer than two distinct s."""
-        obs = self._times.get(key)
-        if not obs or len({s for s, _ in obs}) < 2:
+        window = self._times.get(key)
+        if window is None:
             return None
-        xs = np.array([s for s, _ in obs], float)
-        ys = np.array([t for _, t in obs], float)
-        # ordinary least squares in closed form (np.polyfit's answer, without its per-step overhead)
-        dx = xs - xs.mean()
-        slope = float(dx @ (ys - ys.mean()) / (dx @ dx))
+        drafted, ys = window.arrays()
+        if not drafted.size or (drafted == drafted[0]).all():
+            return None
+        xs = drafted.astype(float)
+        # ordinary least squares in closed form (np.polyfit's answer, without its per-step overhead);
+        # means as np.mean computes them (the same sum), without its wrapper
+        x_mean, y_mean = np.add.reduce(xs) / xs.size, np.add.reduce(ys) / ys.size
+        dx = xs - x_mean
+        slope = float(dx @ (ys - y_mean) / (dx @ dx))
         if slope < 0:
             slope = 0.0
-        intercept = float(ys.mean()) - slope * float(xs.mean())
+        intercept = float(y_mean) - slope * float(x_mean)
         return intercept + slope * np.asarray(s_values, float)
 
     # --- the SM split (policies.base.SmSplitChoice) -------------------------------------------------
@@ -140,15 +193,19 @@ class GpLcbLength(TargetLengthPolicy):
 
     def posterior(self, key: ContextKey, s_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """GP posterior mean and std of J at s_values, in J units (J standardized per context)."""
-        obs = self.observations(key)
-        s_values = np.asarray(s_values, float)
+        window = self._windows.get(key)
+        raw = np.asarray(s_values)
+        s_values = raw.astype(float)
         p = self.params
-        if not obs:
+        if window is None or not window.count:
             return np.zeros_like(s_values), np.full_like(s_values, math.sqrt(p.signal_variance))
-        drafted = np.array([s for s, _ in obs], np.int64)
-        ys = np.array([j for _, j in obs], float)
-        mean = float(ys.mean())
-        sd = float(ys.std())
+        drafted, ys = window.arrays()
+        # mean and population std as np.mean / np.std compute them (the same sums, so the same floats),
+        # without their per-call wrapper overhead
+        n_obs = ys.size
+        mean = float(np.add.reduce(ys) / n_obs)
+        centred = ys - mean
+        sd = math.sqrt(np.add.reduce(centred * centred) / n_obs)
         if not sd > 1e-12:
             sd = 1.0  # one point, or all equal: keep J's scale, no standardization to divide by zero
         # Exact GP regression with fixed hyperparameters: scikit-learn's kernel, numpy's solve.
@@ -162,18 +219,21 @@ class GpLcbLength(TargetLengthPolicy):
         # kernel is evaluated once per value pair and looked up.
         per_s = np.bincount(drafted)
         arms = np.flatnonzero(per_s)
-        arm_means = np.bincount(drafted, weights=(ys - mean) / sd)[arms] / per_s[arms]
+        arm_means = np.bincount(drafted, weights=centred / sd)[arms] / per_s[arms]
         table = self._kernel_table(int(max(arms[-1], s_values.max())))
-        if np.array_equal(s_values, np.round(s_values)) and s_values.min() >= 0:
+        integral = raw.dtype.kind in "iu" or np.array_equal(s_values, np.round(s_values))
+        if integral and s_values.min() >= 0:
             query_idx = s_values.astype(int)
-            cross = table[np.ix_(query_idx, arms)]
+            cross = table[query_idx[:, None], arms]
             prior = table[query_idx, query_idx]
         else:  # non-integer query points: evaluate the kernel directly
             kernel = self._kernel()
             cross = kernel(s_values[:, None], arms[:, None].astype(float))
             prior = kernel.diag(s_values[:, None])
-        gram = table[np.ix_(arms, arms)] + np.diag(p.noise_variance / per_s[arms])
-        solved = np.linalg.solve(gram, np.column_stack([arm_means, cross.T]))  # K⁻¹[ȳ, k*]
+        gram = table[arms[:, None], arms]
+        diagonal = np.arange(arms.size)
+        gram[diagonal, diagonal] += p.noise_variance / per_s[arms]
+        solved = np.linalg.solve(gram, np.concatenate((arm_means[:, None], cross.T), axis=1))  # K⁻¹[ȳ, k*]
         mu = cross @ solved[:, 0]
         var = prior - np.einsum("ij,ji->i", cross, solved[:, 1:])
         return mean + sd * mu, sd * np.sqrt(np.maximum(var, 0.0))
@@ -200,7 +260,8 @@ class GpLcbLength(TargetLengthPolicy):
         """s_n = argmin_s μ(s) − sqrt(β_n)·σ(s) over {1..k_max} (Eq. 3); returns (s_n, μ(s_n))."""
         s_values = np.arange(1, k_max + 1)
         mu, sigma = self.posterior(key, s_values)
-        n = self._counts.get(key, 0) + 1
+        window = self._windows.get(key)
+        n = (window.count if window is not None else 0) + 1
         lcb = mu - math.sqrt(beta_n(n, k_max, self.params.delta)) * sigma
         i = int(np.argmin(lcb))  # ties go to the shorter draft
         return int(s_values[i]), float(mu[i])
@@ -246,7 +307,7 @@ class GpLcbLength(TargetLengthPolicy):
             t_hat = np.array([sd_step_time(latency_model, [s] * b, context_tokens) for s in candidates])
         p = np.array([self._accept.get(rid, np.nan) for rid in req_ids])
         known = ~np.isnan(p)
-        gains = np.stack([per_request_gain(np.where(known, p, 0.0), s) for s in candidates], axis=1)
+        gains = per_request_gains(np.where(known, p, 0.0), candidates)
         costs = t_hat[None, :] / (gains + self.params.eps)
         refined = np.asarray(candidates)[np.argmin(costs, axis=1)]  # ties keep the shorter draft
         return np.where(known, refined, s_n).tolist()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autospec.policies.gp_lcb import GpLcbLength, batch_bucket, beta_n, per_request_gain
+from autospec.policies.gp_lcb import GpLcbLength, batch_bucket, beta_n, per_request_gain, per_request_gains
 
 from policy_helpers import make_ctx, make_outcome
 
@@ -64,6 +64,10 @@ def test_observe_records_cost_per_accepted_token():
 
 def test_per_request_refinement(simple_model):
     assert per_request_gain(0.5, 3) == pytest.approx(0.875)
+    p = np.array([0.0, 0.3, 0.9, 1.0])
+    gains = per_request_gains(p, [2, 3, 4])  # one column per length, from one pass of partial sums
+    assert gains.T.tolist() == [per_request_gain(p, s).tolist() for s in (2, 3, 4)]
+    assert gains[:, 2] == pytest.approx([0.0, 0.3 + 0.09 + 0.027 + 0.0081, 0.9 + 0.81 + 0.729 + 0.6561, 4.0])
     gp = GpLcbLength()
     ctx = make_ctx(2, model=simple_model)
     # teach request 0 a perfect acceptance and request 1 a poor one
@@ -151,19 +155,23 @@ def test_finds_argmin_of_noisy_cost_within_50_observations():
     assert found >= 9, found
 
 
-def test_posterior_over_repeated_draft_lengths_is_the_full_window_regression():
+@pytest.mark.parametrize("recorded", [64, 203])
+def test_posterior_over_repeated_draft_lengths_is_the_full_window_regression(recorded):
     """The posterior groups the window's observations by s (n at one s ≡ their mean with noise σ²/n):
     it must give what exact GP regression on all W points gives — scikit-learn's GaussianProcessRegressor
-    with the same fixed kernel and noise on the standardized window — at integer and non-integer s."""
+    with the same fixed kernel and noise on the standardized window — at integer and non-integer s, on a
+    full window and on one that has slid past 139 older observations."""
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 
     rng = np.random.default_rng(5)
     gp = GpLcbLength(window=64)
-    drafted = rng.choice([1, 2, 2, 3, 5, 8], size=64)
-    costs = 0.02 + 0.004 * drafted + rng.normal(0, 0.003, 64)
+    drafted = rng.choice([1, 2, 2, 3, 5, 8], size=recorded)
+    costs = 0.02 + 0.004 * drafted + rng.normal(0, 0.003, recorded)
     for s, j in zip(drafted, costs):
         gp.record((8, None), int(s), float(j))
+    drafted, costs = drafted[-64:], costs[-64:]
+    assert gp.observations((8, None)) == [(int(s), float(j)) for s, j in zip(drafted, costs)]
     p = gp.params
     kernel = ConstantKernel(p.signal_variance, "fixed") * Matern(p.lengthscale, "fixed", nu=2.5)
     full = GaussianProcessRegressor(kernel, alpha=p.noise_variance, optimizer=None, normalize_y=False)

@@ -165,8 +165,15 @@ def sd_step_time(model: LatencyModel, ks: Sequence[int], context_tokens: float,
     if b == 0:
         return 0.0
     steps = max(ks) if draft_steps is None else draft_steps
-    mean_tokens = sum(k + 1 for k in ks) / b
-    return model.draft_time(b, context_tokens, steps) + model.verify_time(b, context_tokens, mean_tokens)
+    return sd_step_time_of_total(model, b, sum(ks), context_tokens, steps)
+
+
+def sd_step_time_of_total(model: LatencyModel, batch: int, drafted_total: int, context_tokens: float,
+                          draft_steps: int) -> float:
+    """`sd_step_time` from what it depends on: the batch size and Σ k_i (the verify pass takes the mean
+    positions per request, (Σ k_i + b) / b), for a caller that changes one k_i at a time."""
+    mean_tokens = (drafted_total + batch) / batch
+    return model.draft_time(batch, context_tokens, draft_steps) + model.verify_time(batch, context_tokens, mean_tokens)
 
 
 def fit_linear(rows: np.ndarray | Sequence[Sequence[float]]) -> LinearCoeffs:

@@ -12,12 +12,13 @@ Both need the fitted AdaSpec linear time model (autospec.latency) in StepContext
 
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 from pydantic import Field
 
 from autospec.contract import DraftState, LatencyModel, StepContext
-from autospec.latency import sd_step_time
+from autospec.latency import sd_step_time, sd_step_time_of_total
 from autospec.policies.base import (
     LengthPolicyBase,
     PolicyParams,
@@ -44,10 +45,14 @@ def goodput(ar_rows: Sequence[Sequence[float]], ks: Sequence[int], step_time_s: 
 
     ar_rows[i] holds AR_i1.. (at least ks[i] values); AR_i0 = 1 is the token the target always adds.
     """
+    return goodput_of(sum(1.0 + sum(ar[:k]) for ar, k in zip(ar_rows, ks)), step_time_s, slo_tpot_s)
+
+
+def goodput_of(expected_tokens: float, step_time_s: float, slo_tpot_s: float | None = None) -> float:
+    """`goodput` from its numerator, Σ_i (1 + Σ_{j<k_i} AR_ij): −1 when the step breaks the TPOT SLO."""
     if slo_tpot_s is not None and step_time_s > slo_tpot_s:
         return -1.0
-    expected = sum(1.0 + sum(ar[:k]) for ar, k in zip(ar_rows, ks))
-    return expected / step_time_s
+    return expected_tokens / step_time_s
 
 
 class AdaSpecDrafterParams(PolicyParams):
@@ -175,26 +180,47 @@ class AdaSpecVerifier(VerifyPolicyBase):
 
     def select(self, ctx: StepContext, drafts: DraftState) -> list[int]:
         model = require_latency_model(ctx, "adaspec verifier")
-        ks = drafts.lengths()
+        ks = list(drafts.lengths())
         if not ks:
             return []
         ars = [cumulative_acceptance(c) for c in drafts.confidences]
         n_c = batch_context_tokens(ctx)
-        steps = max(ks)
+        steps, b = max(ks), len(ks)
+        # Alg. 2 removes up to Σ k_i tails, and G over the whole batch costs O(b·K): kept incrementally.
+        # G's numerator is Σ_i (1 + Σ_{j<k_i} AR_ij) and T_sd depends on Σ k_i alone (the draft passes
+        # already ran), so a removal changes one request's term and the total. Each term is the prefix
+        # sum `goodput` takes, and the terms are summed in request order as it sums them: the same floats,
+        # so the same choices as evaluating `goodput` on every trial.
+        prefix = []  # prefix[i][k] = 1 + Σ_{j<k} AR_ij
+        for ar in ars:
+            partial, row = 0, [1.0]
+            for a in ar:
+                partial = partial + a
+                row.append(1.0 + partial)
+            prefix.append(row)
+        terms = [prefix[i][k] for i, k in enumerate(ks)]
+        total = sum(ks)
 
-        def g_of(lengths: list[int]) -> float:
-            return goodput(ars, lengths, sd_step_time(model, lengths, n_c, steps), ctx.slo_tpot_s)
+        def g_of(drafted_total: int) -> float:
+            step_s = sd_step_time_of_total(model, b, drafted_total, n_c, steps)
+            return goodput_of(sum(terms), step_s, ctx.slo_tpot_s)
 
-        g = g_of(ks)
-        while True:
-            tails = [(ars[i][k - 1], i) for i, k in enumerate(ks) if k > 0]
-            if not tails:
-                break
-            _, i = min(tails)
-            trial = list(ks)
-            trial[i] -= 1
-            g_trial = g_of(trial)
+        g = g_of(total)
+        tails = [(ars[i][k - 1], i) for i, k in enumerate(ks) if k > 0]  # each request's last kept token
+        heapq.heapify(tails)  # the smallest AR_ij first; ties to the lower request index, as min() would
+        while tails:
+            _, i = tails[0]
+            kept = terms[i]
+            terms[i] = prefix[i][ks[i] - 1]
+            g_trial = g_of(total - 1)
             if g_trial <= g:
+                terms[i] = kept
                 break
-            ks, g = trial, g_trial
+            ks[i] -= 1
+            total -= 1
+            g = g_trial
+            if ks[i] > 0:
+                heapq.heapreplace(tails, (ars[i][ks[i] - 1], i))
+            else:
+                heapq.heappop(tails)
         return ks

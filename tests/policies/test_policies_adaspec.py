@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autospec.contract import DraftState
 from autospec.errors import InputError
-from autospec.latency import LinearCoeffs, LinearLatencyModel
+from autospec.latency import LinearCoeffs, LinearLatencyModel, sd_step_time
 from autospec.policies import build_length, build_verify
 from autospec.policies.adaspec import AdaSpecDrafter, AdaSpecVerifier, cumulative_acceptance, goodput
+from autospec.policies.base import batch_context_tokens
 from autospec.policies.threshold import ThresholdLength
 
 from policy_helpers import make_ctx, make_drafts
@@ -101,6 +103,55 @@ def test_verifier_removes_lowest_tails_while_goodput_rises(simple_model):
     # → drop A's 0.45 → (1,1): 3.6/0.11 = 32.73 (worse): stop at (2,1)
     drafts = make_drafts([[0.9, 0.5], [0.7, 0.2]])
     assert AdaSpecVerifier().select(make_ctx(2, model=simple_model), drafts) == [2, 1]
+
+
+def _alg2_by_definition(ctx, drafts) -> list[int]:
+    """Alg. 2 as written: every trial re-evaluates G over the whole batch with `goodput`."""
+    ks, ars = drafts.lengths(), [cumulative_acceptance(c) for c in drafts.confidences]
+    n_c, steps = batch_context_tokens(ctx), max(ks)
+
+    def g_of(lengths):
+        return goodput(ars, lengths, sd_step_time(ctx.latency_model, lengths, n_c, steps), ctx.slo_tpot_s)
+
+    g = g_of(ks)
+    while any(ks):
+        _, i = min((ars[i][k - 1], i) for i, k in enumerate(ks) if k > 0)
+        trial = [k - (j == i) for j, k in enumerate(ks)]
+        if g_of(trial) <= g:
+            break
+        ks, g = trial, g_of(trial)
+    return ks
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_verifiers_incremental_goodput_chooses_what_alg2_by_definition_does(seed):
+    """The verifier keeps G's numerator and Σ k_i up to date instead of re-evaluating G per trial; it
+    must choose exactly the lengths the by-definition loop chooses, over batches, contexts, draft lengths
+    (some zero), tied confidences and SLOs that do and do not bind."""
+    rng = np.random.default_rng(seed)
+    batch = int(rng.choice([1, 2, 5, 16, 64]))
+    model = LinearLatencyModel(draft=LinearCoeffs(*rng.uniform([0, 1e-6, 1e-4], [1e-7, 4e-5, 0.004])),
+                               target=LinearCoeffs(*rng.uniform([0, 1e-5, 5e-3], [1e-6, 8e-4, 0.05])))
+    lengths = rng.integers(0, 9, batch)
+    if seed % 3 == 0:  # ties: every request's confidences from {0.2, 0.5, 0.9}, constant along its drafts
+        confs = [[float(rng.choice([0.2, 0.5, 0.9]))] * int(k) for k in lengths]
+    else:
+        confs = [[float(c) for c in rng.beta(4, 2, k)] for k in lengths]
+    if not any(confs):
+        confs[0] = [0.5]
+    slo = [None, 0.01, 0.2][seed % 3]
+    ctx = make_ctx(batch, model=model, slo=slo, context_len=int(rng.integers(10, 2000)))
+    drafts = make_drafts(confs)
+    assert AdaSpecVerifier().select(ctx, drafts) == _alg2_by_definition(ctx, drafts)
+
+
+def test_the_verifier_breaks_ties_between_equal_tails_toward_the_first_request():
+    """Two requests with the same confidences have equal tails; Alg. 2 removes one at a time, and with
+    the verify cost convex in the positions (Eq. 4) only the first removal pays: the lower request index
+    loses its tail, as `min` over (AR_ij, i) picks it."""
+    model = LinearLatencyModel(draft=LinearCoeffs(0.0, 1e-5, 0.002), target=LinearCoeffs(1e-4, 1e-4, 0.03))
+    ctx, drafts = make_ctx(3, model=model, context_len=10), make_drafts([[0.9, 0.2]] * 3)
+    assert _alg2_by_definition(ctx, drafts) == AdaSpecVerifier().select(ctx, drafts) == [1, 1, 2]
 
 
 def test_verifier_keeps_confident_drafts(simple_model):

@@ -83,7 +83,9 @@ def one_decision(strategy, ctx: StepContext, rng: np.random.Generator) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=RESULTS / "policy_overhead.json")
-    ap.add_argument("--steps", type=int, default=30, help="decisions timed per (strategy, batch)")
+    # 200, not 30: with 30 the median of a cell moved by up to 2.3x between two back-to-back runs on one
+    # host, and GP-LCB (a window of W = 64 steps) was timed before its window filled
+    ap.add_argument("--steps", type=int, default=200, help="decisions timed per (strategy, batch)")
     args = ap.parse_args()
 
     from autospec.artifacts import hardware_info, write_json
@@ -122,6 +124,7 @@ def main() -> None:
         "benchmark": "policy_overhead",
         "k_max": K_MAX,
         "context": CONTEXT,
+        "steps_per_cell": args.steps,
         "verify_step_s": {str(b): t for b, t in verify_s.items()},
         "rows": rows,
         "worst_ratio_at_batch64": max(at64.values()),

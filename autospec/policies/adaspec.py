@@ -210,11 +210,9 @@ class AdaSpecVerifier(VerifyPolicyBase):
         heapq.heapify(tails)  # the smallest AR_ij first; ties to the lower request index, as min() would
         while tails:
             _, i = tails[0]
-            kept = terms[i]
-            terms[i] = prefix[i][ks[i] - 1]
+            terms[i] = prefix[i][ks[i] - 1]  # the trial: request i without its tail
             g_trial = g_of(total - 1)
             if g_trial <= g:
-                terms[i] = kept
                 break
             ks[i] -= 1
             total -= 1

@@ -193,7 +193,8 @@ class AdaSpecVerifier(VerifyPolicyBase):
         # so the same choices as evaluating `goodput` on every trial.
         prefix = []  # prefix[i][k] = 1 + Σ_{j<k} AR_ij
         for ar in ars:
-            partial, row = 0, [1.0]
+            partial: float = 0
+            row = [1.0]
             for a in ar:
                 partial = partial + a
                 row.append(1.0 + partial)
